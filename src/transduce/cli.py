@@ -1,0 +1,46 @@
+"""The ``transduce`` command line: subcommands only. Each lives in ``transduce.commands.<name>`` with two
+functions, ``add_arguments(parser)`` and ``run(args) -> int``; all logic is in the library and tested there."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from transduce.errors import TransduceError
+
+#: subcommand -> (module under transduce.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transduce", description="Transformer sequence transduction toolkit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(f"transduce.commands.{module}")
+        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return int(args._module.run(args) or 0)
+    except TransduceError as e:
+        print(f"transduce {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"transduce {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

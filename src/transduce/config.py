@@ -1,0 +1,416 @@
+"""Configuration: one dataclass per concern, validated in one place, YAML/JSON in and out.
+
+A run is described by :class:`Config`, which holds a :class:`ModelConfig`, a :class:`DataConfig`, a
+:class:`TrainConfig` and a :class:`DecodeConfig`. Every default lives here and nowhere else. Unknown keys are
+rejected with the closest valid key suggested; values are type-checked; choices list the valid options.
+
+    cfg = Config.load("configs/multi30k_en_de.yaml", overrides=["train.max_steps=2000", "model.dropout=0.2"])
+    cfg.save("run/config.yaml")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from transduce.errors import TransduceError
+from transduce.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+
+class ConfigError(TransduceError, ValueError):
+    """A configuration value or key is invalid. The message names the dotted key."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# generic machinery
+
+
+def _check_choice(where: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(repr(c) for c in choices)}")
+
+
+def _check_positive(where: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def _unknown_key(where: str, key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"unknown key '{where}{key}'{hint} (valid keys: {', '.join(valid)})")
+
+
+def _coerce(where: str, value: Any, tp: Any) -> Any:
+    """Check (and gently coerce: int -> float, list -> tuple) ``value`` against the annotation ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(where, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        args = typing.get_args(tp)
+        inner = args[0] if args else Any
+        items = [_coerce(f"{where}[{i}]", v, inner) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is Any:
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {type(value).__name__} {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, where + ".")
+    raise TypeError(f"unsupported annotation {tp!r} at {where}")
+
+
+def _from_dict(cls: type, data: Any, where: str = "") -> Any:
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise _unknown_key(where, str(key), names)
+        kwargs[key] = _coerce(where + key, value, hints[key])
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(where) or not where else where + msg) from None
+
+
+class _Section:
+    """Mixin for the config dataclasses: dict / YAML / JSON round-trips."""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Any:
+        """Build from a plain mapping; unknown keys and wrong types raise :class:`ConfigError`."""
+        return _from_dict(cls, data)
+
+    def to_dict(self) -> dict:
+        """A plain, JSON/YAML-serialisable mapping (tuples become lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))  # type: ignore[arg-type]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Any:
+        return cls.from_dict(yaml.safe_load(text) or {})
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied and validated."""
+        return self.from_dict({**self.to_dict(), **changes})
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the model
+
+
+@dataclass
+class ModelConfig(_Section):
+    """The Transformer's shape (paper §3). Defaults are the paper's base model with a 37k shared vocabulary."""
+
+    src_vocab_size: int = 37000  # source vocabulary size, special ids included
+    tgt_vocab_size: int = 37000  # target vocabulary size; equal to src_vocab_size when share_vocab
+    share_vocab: bool = True  # one vocabulary for both sides: encoder, decoder and output share one matrix (§3.4)
+    tie_output: bool = True  # decoder input embedding and pre-softmax projection share one matrix
+    encoder_layers: int = 6  # N for the encoder
+    decoder_layers: int = 6  # N for the decoder
+    d_model: int = 512  # width of the residual stream and the embeddings
+    d_ff: int = 2048  # inner size of the position-wise feed-forward network
+    heads: int = 8  # h; d_k = d_v = d_model / h
+    dropout: float = 0.1  # residual dropout and dropout on embeddings + positions (P_drop)
+    attention_dropout: float = 0.0  # dropout on the attention weights (not in the paper; tensor2tensor uses 0.1)
+    activation_dropout: float = 0.0  # dropout after the ReLU inside the feed-forward network (not in the paper)
+    activation: str = "relu"  # feed-forward non-linearity: relu (paper), gelu or swish (Marian's opus-mt models)
+    norm: str = "post"  # post: LayerNorm(x + Sublayer(x)) as the paper; pre: x + Sublayer(LayerNorm(x)) + final norms
+    layer_norm_eps: float = 1e-5  # LayerNorm epsilon
+    positions: str = "sinusoidal"  # sinusoidal (paper, any length) or learned (Table 3 row E; up to max_positions)
+    max_positions: int = 1024  # longest sequence for learned positions (sinusoidal ones have no limit)
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (§3.4)
+    bias: bool = True  # biases in the attention projections (the feed-forward biases of the paper are always on)
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "d_ff", "heads", "max_positions"):
+            _check_positive(name, getattr(self, name))
+        for name in ("encoder_layers", "decoder_layers"):
+            _check_positive(name, getattr(self, name))
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name}: must be in [0, 1), got {getattr(self, name)!r}")
+        _check_choice("activation", self.activation, ("relu", "gelu", "swish"))
+        _check_choice("norm", self.norm, ("post", "pre"))
+        _check_choice("positions", self.positions, ("sinusoidal", "learned"))
+        if self.d_model % self.heads:
+            raise ConfigError(f"heads: d_model {self.d_model} is not divisible by heads {self.heads}")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(f"d_model: sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.share_vocab and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                f"share_vocab: true needs src_vocab_size == tgt_vocab_size, got {self.src_vocab_size} "
+                f"and {self.tgt_vocab_size}"
+            )
+        for name in ("pad_id", "bos_id", "eos_id", "unk_id"):
+            value = getattr(self, name)
+            if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
+                raise ConfigError(f"{name}: {value} is outside the vocabulary")
+
+    @property
+    def d_k(self) -> int:
+        """Per-head key/value width, d_model / h."""
+        return self.d_model // self.heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """One of :data:`MODEL_PRESETS` with ``overrides`` applied."""
+        if name not in MODEL_PRESETS:
+            close = difflib.get_close_matches(name, list(MODEL_PRESETS), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown model preset '{name}'{hint} (valid: {', '.join(MODEL_PRESETS)})")
+        return cls.from_dict({**MODEL_PRESETS[name], **overrides})
+
+
+#: Named model shapes. ``base`` and ``big`` are Table 3 of the paper; ``small`` and ``tiny`` fit a 2-core CPU
+#: (``tiny`` is the configuration of the best published text-only Multi30k result); ``test`` is for unit tests.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, d_ff=2048, heads=8, dropout=0.1),
+    "big": dict(encoder_layers=6, decoder_layers=6, d_model=1024, d_ff=4096, heads=16, dropout=0.3),
+    "small": dict(encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, heads=4, dropout=0.1),
+    "tiny": dict(encoder_layers=4, decoder_layers=4, d_model=128, d_ff=256, heads=4, dropout=0.3),
+    "test": dict(encoder_layers=2, decoder_layers=2, d_model=32, d_ff=64, heads=4, dropout=0.1),
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# data, training, decoding
+
+
+@dataclass
+class DataConfig(_Section):
+    """Raw parallel text and how ``transduce prepare`` turns it into a vocabulary and a binarised corpus.
+
+    A corpus is named by a path prefix: ``train: data/multi30k/train`` with ``src_lang: en`` reads
+    ``data/multi30k/train.en`` or ``train.en.gz`` beside the target file ``train.de[.gz]``.
+    """
+
+    src_lang: str = "en"  # source language suffix of the raw files
+    tgt_lang: str = "de"  # target language suffix of the raw files
+    train: str = ""  # path prefix of the raw training pair
+    valid: str = ""  # path prefix of the raw validation pair (optional)
+    test: list[str] = field(default_factory=list)  # path prefixes of test pairs; never length-filtered
+    prepared: str = ""  # directory of the prepared corpus; empty: <run_dir>/data
+    vocab_type: str = "bpe"  # SentencePiece model type: bpe (paper) or unigram
+    vocab_size: int = 8000  # subword vocabulary size (the paper: ~37k for WMT En-De; Multi30k wants 8-10k)
+    joint_vocab: bool = True  # one vocabulary for source and target (needed for three-way weight tying)
+    character_coverage: float = 1.0  # SentencePiece character_coverage; rare characters fall back to bytes
+    input_sentence_size: int = 2_000_000  # at most this many sentences (a shuffled sample) train the vocabulary
+    lowercase: bool = False  # lowercase both sides before everything else (the Multi30k literature's convention)
+    max_len: int = 250  # drop training pairs with a side longer than this many subword tokens
+    max_len_ratio: float = 9.0  # drop training pairs whose token-length ratio exceeds this (Moses clean-corpus-n)
+    dedup: bool = False  # drop exact duplicate training pairs
+    skip_invalid_utf8: bool = False  # skip (and count) pairs with bytes that are not UTF-8 instead of failing
+    workers: int = 0  # encoding processes; 0: all cores
+
+    def __post_init__(self) -> None:
+        _check_choice("vocab_type", self.vocab_type, ("bpe", "unigram"))
+        _check_positive("vocab_size", self.vocab_size)
+        _check_positive("max_len", self.max_len)
+        _check_positive("max_len_ratio", self.max_len_ratio)
+        _check_positive("input_sentence_size", self.input_sentence_size)
+        _check_positive("workers", self.workers, allow_zero=True)
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ConfigError(f"character_coverage: must be in (0, 1], got {self.character_coverage!r}")
+        if self.src_lang == self.tgt_lang:
+            raise ConfigError(f"tgt_lang: source and target language are both {self.src_lang!r}")
+
+
+@dataclass
+class TrainConfig(_Section):
+    """The training recipe (paper §5). Steps count optimizer updates, not batches."""
+
+    run_dir: str = "runs/default"  # where config, vocabulary, checkpoints and logs go
+    seed: int = 1  # seeds model initialisation, dropout and batch order
+    max_tokens: int = 4096  # token budget of one batch per side, padding included (the paper: ~25,000)
+    accumulate: int = 1  # batches per optimizer update (gradient accumulation)
+    max_steps: int = 100_000  # stop after this many updates (the paper's base: 100k)
+    max_epochs: int = 0  # stop after this many epochs; 0: no limit
+    max_minutes: float = 0.0  # stop (with a checkpoint) after this much wall time; 0: no limit
+    schedule: str = "noam"  # noam: the paper's formula; inverse_sqrt: linear warmup to peak_lr then ~1/sqrt(step)
+    lr_scale: float = 1.0  # multiplier on the noam learning rate
+    peak_lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
+    warmup_steps: int = 4000  # warmup_steps (paper: 4000)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0  # decoupled (AdamW) weight decay; 0 is the paper's Adam
+    clip_norm: float = 0.0  # clip the gradient norm to this; 0: off
+    label_smoothing: float = 0.1  # epsilon_ls (paper: 0.1)
+    precision: str = "fp32"  # fp32, or bf16 autocast with fp32 master weights
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # auto (cuda when available), cpu or cuda
+    threads: int = 0  # torch intra-op threads; 0: torch's default
+    log_every: int = 100  # updates between log lines
+    valid_every: int = 1000  # updates between validations; 0: only at the end
+    valid_bleu: bool = True  # decode the validation set and compute sacreBLEU at each validation
+    valid_beam: int = 1  # beam size for validation BLEU (1: greedy)
+    valid_max_sentences: int = 0  # decode at most this many validation sentences; 0: all
+    best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks the best checkpoint
+    keep_last: int = 5  # keep this many most recent checkpoints (the paper averaged the last 5)
+    save_every_minutes: float = 0.0  # also write a checkpoint every M minutes (the paper: 10); 0: off
+    patience: int = 0  # stop after this many validations without improvement; 0: off
+    max_nonfinite: int = 10  # stop after this many non-finite losses in a row
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "accumulate", "warmup_steps", "adam_eps", "peak_lr", "lr_scale"):
+            _check_positive(name, getattr(self, name))
+        for name in ("max_steps", "max_epochs", "max_minutes", "weight_decay", "clip_norm", "threads", "log_every",
+                     "valid_every", "valid_max_sentences", "keep_last", "save_every_minutes", "patience"):
+            _check_positive(name, getattr(self, name), allow_zero=True)
+        _check_positive("max_nonfinite", self.max_nonfinite)
+        _check_positive("valid_beam", self.valid_beam)
+        _check_choice("schedule", self.schedule, ("noam", "inverse_sqrt", "constant"))
+        _check_choice("precision", self.precision, ("fp32", "bf16"))
+        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        _check_choice("best_metric", self.best_metric, ("bleu", "loss"))
+        for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name}: must be in [0, 1), got {getattr(self, name)!r}")
+
+
+@dataclass
+class DecodeConfig(_Section):
+    """How translations are searched (paper §6.1)."""
+
+    beam: int = 4  # beam size (paper: 4); 1 is greedy
+    length_penalty: float = 0.6  # alpha of the GNMT penalty ((5 + |Y|) / 6) ** alpha; 0: raw log-probability
+    max_len_a: float = 1.0  # maximum output length = max_len_a * source length + max_len_b (paper: + 50)
+    max_len_b: int = 50
+    min_len: int = 0  # no EOS before this many tokens
+    no_repeat_ngram: int = 0  # block repeated n-grams of this size; 0: off
+    nbest: int = 1  # hypotheses returned per sentence (at most beam)
+    sampling: bool = False  # sample instead of searching (temperature, top_k, top_p apply)
+    temperature: float = 1.0
+    top_k: int = 0  # sample from the k most likely tokens; 0: all
+    top_p: float = 1.0  # nucleus sampling: the smallest set with this much probability mass
+    max_tokens: int = 4096  # token budget of one translation batch (sentences are sorted by length)
+
+    def __post_init__(self) -> None:
+        for name in ("beam", "nbest", "max_tokens", "temperature"):
+            _check_positive(name, getattr(self, name))
+        for name in ("length_penalty", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram", "top_k"):
+            _check_positive(name, getattr(self, name), allow_zero=True)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        if self.nbest > self.beam and not self.sampling:
+            raise ConfigError(f"nbest: {self.nbest} is larger than beam {self.beam}")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the whole run
+
+
+@dataclass
+class Config(_Section):
+    """Everything a run needs. ``model`` may also be given as ``preset: NAME`` plus overrides in YAML."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Config:
+        data = dict(data or {})
+        model = data.get("model")
+        if isinstance(model, dict) and "preset" in model:
+            model = dict(model)
+            name = model.pop("preset")
+            try:
+                data["model"] = ModelConfig.preset(name, **model).to_dict()
+            except ConfigError as e:
+                raise ConfigError(f"model.{e}") from None
+        return _from_dict(cls, data)
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> Config:
+        """Read a YAML file and apply dotted ``key=value`` overrides (values are parsed as YAML scalars)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        try:
+            return cls.from_dict(apply_overrides(data, overrides or []))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` strings to a nested mapping (a copy). Values are parsed as YAML scalars."""
+    data = json.loads(json.dumps(data))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return data
