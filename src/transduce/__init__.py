@@ -1,9 +1,10 @@
 """transduce: the Transformer of "Attention Is All You Need" for sequence transduction."""
 
 from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
-# model exports are added below once transduce.model exists
+from transduce.model import AttentionWeights, DecoderCache, Memory, Transformer
 
 __all__ = [
+    "AttentionWeights",
     "Config",
     "ConfigError",
     "DataConfig",

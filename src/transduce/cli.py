@@ -11,8 +11,7 @@ import sys
 from transduce.errors import TransduceError
 
 #: subcommand -> (module under transduce.commands, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-}
+COMMANDS: dict[str, tuple[str, str]] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,8 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         mod = importlib.import_module(f"transduce.commands.{module}")
-        p = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=(mod.__doc__ or help_text).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
@@ -30,8 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     try:
         return int(args._module.run(args) or 0)
     except TransduceError as e:

@@ -310,8 +310,20 @@ class TrainConfig(_Section):
     def __post_init__(self) -> None:
         for name in ("max_tokens", "accumulate", "warmup_steps", "adam_eps", "peak_lr", "lr_scale"):
             _check_positive(name, getattr(self, name))
-        for name in ("max_steps", "max_epochs", "max_minutes", "weight_decay", "clip_norm", "threads", "log_every",
-                     "valid_every", "valid_max_sentences", "keep_last", "save_every_minutes", "patience"):
+        for name in (
+            "max_steps",
+            "max_epochs",
+            "max_minutes",
+            "weight_decay",
+            "clip_norm",
+            "threads",
+            "log_every",
+            "valid_every",
+            "valid_max_sentences",
+            "keep_last",
+            "save_every_minutes",
+            "patience",
+        ):
             _check_positive(name, getattr(self, name), allow_zero=True)
         _check_positive("max_nonfinite", self.max_nonfinite)
         _check_positive("valid_beam", self.valid_beam)

@@ -1,0 +1,315 @@
+"""The Transformer's building blocks (paper §3): attention, feed-forward, positions, encoder and decoder layers.
+
+Mask convention, used everywhere in this package: an attention mask is a boolean tensor broadcastable to
+``(batch, heads, query_len, key_len)`` in which **True means "may attend"** (the convention of
+``torch.nn.functional.scaled_dot_product_attention``). ``None`` means "attend everywhere". Masks are built only by
+:func:`padding_mask` and :func:`causal_mask`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KV = tuple[Tensor, Tensor]  # (keys, values), each (B, h, T, d_k)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# masks
+
+
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor | None:
+    """Key mask for a right-padded batch.
+
+    Args:
+        tokens: (B, S) token ids.
+        pad_id: the padding id.
+    Returns:
+        (B, 1, 1, S) bool, True at real tokens; ``None`` when the batch has no padding (the fast path).
+    """
+    real = tokens.ne(pad_id)
+    if bool(real.all()):
+        return None
+    return real[:, None, None, :]
+
+
+def causal_mask(query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
+    """Causal mask for ``query_len`` new positions that follow ``key_len - query_len`` cached ones.
+
+    Returns:
+        (1, 1, query_len, key_len) bool: query i (absolute position key_len - query_len + i) may attend key j <= it.
+    """
+    offset = key_len - query_len
+    q = torch.arange(query_len, device=device)[:, None] + offset
+    k = torch.arange(key_len, device=device)[None, :]
+    return (k <= q)[None, None]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# positions
+
+
+def sinusoid(positions: Tensor, d_model: int) -> Tensor:
+    """The paper's positional encoding at the given positions (§3.5), computed in float64 for accuracy.
+
+    ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))`` and ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))``.
+
+    Args:
+        positions: (T,) integer positions.
+    Returns:
+        (T, d_model) float32.
+    """
+    pos = positions.to(torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (T, d_model / 2)
+    pe = torch.empty(len(positions), d_model, dtype=torch.float64, device=positions.device)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle)
+    return pe.to(torch.float32)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings for any length: a table is computed once and grown (doubled) on demand."""
+
+    def __init__(self, d_model: int, initial_length: int = 256):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoid(torch.arange(initial_length), d_model), persistent=False)
+
+    def forward(self, offset: int, length: int) -> Tensor:
+        """Encodings of positions ``offset .. offset + length - 1``, shape (length, d_model)."""
+        end = offset + length
+        table = self.table
+        if end > table.shape[0]:
+            size = max(end, 2 * table.shape[0])
+            table = sinusoid(torch.arange(size, device=table.device), self.d_model).to(table.dtype)
+            self.table = table  # a single assignment: safe for concurrent readers
+        return table[offset:end]
+
+
+class LearnedPositions(nn.Module):
+    """Learned absolute position embeddings (Table 3, row E), for positions below ``max_positions``."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+
+    def forward(self, offset: int, length: int) -> Tensor:
+        end = offset + length
+        if end > self.embedding.num_embeddings:
+            raise ValueError(
+                f"sequence of {end} positions exceeds max_positions={self.embedding.num_embeddings} of the learned "
+                "position embeddings; translate shorter pieces or train with sinusoidal positions"
+            )
+        return self.embedding.weight[offset:end]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# attention and feed-forward
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention, ``softmax(Q K^T / sqrt(d_k)) V`` over h heads (§3.2).
+
+    Self-attention projects Q, K and V with one fused (3 d_model x d_model) matrix; cross-attention projects Q from
+    the decoder and K, V with one fused matrix from the encoder output (computed once per source sentence).
+    """
+
+    def __init__(self, d_model: int, heads: int, *, dropout: float, bias: bool, self_attention: bool):
+        super().__init__()
+        self.heads, self.d_k, self.dropout = heads, d_model // heads, dropout
+        if self_attention:
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W^Q; W^K; W^V]
+        else:
+            self.q = nn.Linear(d_model, d_model, bias=bias)
+            self.kv = nn.Linear(d_model, 2 * d_model, bias=bias)  # [W^K; W^V]
+        self.out = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (getattr(self, "qkv", None), getattr(self, "q", None), getattr(self, "kv", None), self.out):
+            if lin is None:
+                continue
+            d = lin.in_features
+            for block in lin.weight.data.split(d, dim=0):  # Xavier per d x d projection, as if unfused
+                nn.init.xavier_uniform_(block)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+    def memory_kv(self, memory: Tensor) -> KV:
+        """Keys and values of the encoder output for cross-attention, each (B, h, S, d_k)."""
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def self_attend(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        *,
+        causal: bool = False,
+        past: KV | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, KV, Tensor | None]:
+        """Self-attention of ``x`` (B, T, d_model) over itself and the cached ``past`` keys/values.
+
+        Args:
+            mask: attention mask (see module docstring) or None.
+            causal: when True and ``mask`` is None, each position attends only to itself and earlier positions,
+                cached ones included.
+            past: cached (k, v) of earlier positions, prepended to this step's.
+        Returns:
+            output (B, T, d_model), the (k, v) of all positions for the cache, attention weights (B, h, T, T_all)
+            when ``need_weights`` else None.
+        """
+        q, k, v = (self._split(t) for t in self.qkv(x).chunk(3, dim=-1))
+        if past is not None and past[0].shape[2] > 0:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        is_causal = False
+        if causal and mask is None:
+            if k.shape[2] == q.shape[2]:
+                is_causal = True  # no cache: SDPA's own (fast) causal masking
+            elif q.shape[2] > 1:
+                mask = causal_mask(q.shape[2], k.shape[2], q.device)  # several new positions after a cache
+            # else: one new position after the cache may see every key
+        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
+        return out, (k, v), weights
+
+    def cross_attend(
+        self, x: Tensor, kv: KV, mask: Tensor | None, *, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention of the decoder states ``x`` (B, T, d_model) over the encoder's (k, v) from :meth:`memory_kv`."""
+        out, weights = self._attend(self._split(self.q(x)), kv[0], kv[1], mask, False, need_weights)
+        return out, weights
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        p = self.dropout if self.training else 0.0
+        if need_weights:  # explicit path, only for inspection: the weights are materialised
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, Tq, Tk)
+            if is_causal:
+                mask = causal_mask(q.shape[2], k.shape[2], q.device)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            out = F.dropout(weights, p, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
+            weights = None
+        b, h, t, d_k = out.shape
+        out = out.transpose(1, 2).reshape(b, t, h * d_k)  # concat heads: (B, T, d_model)
+        return self.out(out), weights
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+class FeedForward(nn.Module):
+    """Position-wise ``FFN(x) = act(x W1 + b1) W2 + b2`` (§3.3); the paper's act is ReLU."""
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str, dropout: float):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.act = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+        for lin in (self.w1, self.w2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.dropout(self.act(self.w1(x))))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# layers
+
+
+class _Residual(nn.Module):
+    """Residual wiring shared by both layer types: post-norm ``LayerNorm(x + Dropout(y))`` (the paper) or pre-norm
+    ``x + Dropout(y)`` with ``LayerNorm`` applied to the sublayer's input."""
+
+    def __init__(self, pre_norm: bool, dropout: float):
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.dropout = nn.Dropout(dropout)
+
+    def inp(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def add(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = x + self.dropout(y)
+        return x if self.pre_norm else norm(x)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each wrapped in a residual connection and LayerNorm."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, dropout=cfg.attention_dropout, bias=cfg.bias, self_attention=True
+        )
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.activation_dropout)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.res = _Residual(cfg.norm == "pre", cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        a, _, weights = self.self_attn.self_attend(self.res.inp(x, self.norm1), mask, need_weights=need_weights)
+        x = self.res.add(x, a, self.norm1)
+        x = self.res.add(x, self.ffn(self.res.inp(x, self.norm2)), self.norm2)
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, attention over the encoder output, then feed-forward; each with residual + norm."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, dropout=cfg.attention_dropout, bias=cfg.bias, self_attention=True
+        )
+        self.cross_attn = MultiHeadAttention(
+            cfg.d_model, cfg.heads, dropout=cfg.attention_dropout, bias=cfg.bias, self_attention=False
+        )
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.activation_dropout)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.res = _Residual(cfg.norm == "pre", cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory_kv: KV,
+        memory_mask: Tensor | None,
+        *,
+        past: KV | None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, KV, tuple[Tensor | None, Tensor | None]]:
+        """Causal self-attention over ``past`` and ``x`` (B, T, d_model), then attention over the encoder output.
+
+        Returns:
+            x, this layer's self-attention (k, v) of all positions for the cache, and the (self, cross) attention
+            weights when ``need_weights``.
+        """
+        a, kv, self_w = self.self_attn.self_attend(
+            self.res.inp(x, self.norm1), None, causal=True, past=past, need_weights=need_weights
+        )
+        x = self.res.add(x, a, self.norm1)
+        c, cross_w = self.cross_attn.cross_attend(
+            self.res.inp(x, self.norm2), memory_kv, memory_mask, need_weights=need_weights
+        )
+        x = self.res.add(x, c, self.norm2)
+        x = self.res.add(x, self.ffn(self.res.inp(x, self.norm3)), self.norm3)
+        return x, kv, (self_w, cross_w)

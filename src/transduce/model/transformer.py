@@ -1,0 +1,183 @@
+"""The encoder-decoder Transformer (paper §3, Figure 1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from transduce.config import ModelConfig
+from transduce.model.cache import DecoderCache, Memory
+from transduce.model.layers import (
+    KV,
+    DecoderLayer,
+    EncoderLayer,
+    LearnedPositions,
+    SinusoidalPositions,
+    padding_mask,
+)
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """Attention weights of one teacher-forced pass, for pictures. Each list has one (B, h, Tq, Tk) tensor per layer.
+
+    Attributes:
+        encoder: encoder self-attention, (B, h, S, S) per layer.
+        decoder: decoder (masked) self-attention, (B, h, T, T) per layer.
+        cross: encoder-decoder attention, (B, h, T, S) per layer: row t says where target position t looked.
+    """
+
+    encoder: list[Tensor]
+    decoder: list[Tensor]
+    cross: list[Tensor]
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer.
+
+    ``forward(src, tgt_in)`` runs teacher forcing; ``encode`` and ``decode`` are the pieces a search uses.
+    Token tensors are batch-first and right-padded with ``config.pad_id``.
+
+    Example::
+
+        model = Transformer(ModelConfig.preset("small", src_vocab_size=8000, tgt_vocab_size=8000))
+        logits = model(src, tgt_in)                                   # (B, T, V)
+        memory = model.encode(src)
+        logits, cache = model.decode(bos_column, memory)              # first step: builds the cache
+        logits, cache = model.decode(next_tokens, memory, cache)      # later steps: one token each
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = cfg = config
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.tgt_embed = (
+            self.src_embed if cfg.share_vocab else nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        )
+        if cfg.positions == "sinusoidal":
+            self.src_positions = self.tgt_positions = SinusoidalPositions(cfg.d_model)
+        else:
+            self.src_positions = LearnedPositions(cfg.d_model, cfg.max_positions)
+            self.tgt_positions = LearnedPositions(cfg.d_model, cfg.max_positions)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"  # pre-norm stacks end with a LayerNorm; post-norm layers already end normalised
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)  # pre-softmax projection
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)  # so that scaled embeddings have unit variance
+            with torch.no_grad():
+                emb.weight[cfg.pad_id].zero_()
+        if cfg.tie_output:
+            self.output.weight = self.tgt_embed.weight  # §3.4: one matrix for embedding and pre-softmax
+        else:
+            nn.init.normal_(self.output.weight, std=cfg.d_model**-0.5)
+
+    # ------------------------------------------------------------------------------------------------------------------
+
+    def _embed(self, tokens: Tensor, embedding: nn.Embedding, positions: nn.Module, offset: int) -> Tensor:
+        x = embedding(tokens) * self.embed_scale + positions(offset, tokens.shape[1]).to(embedding.weight.dtype)
+        return self.dropout(x)
+
+    def encode(self, src: Tensor) -> Memory:
+        """Run the encoder.
+
+        Args:
+            src: (B, S) source ids, right-padded.
+        Returns:
+            :class:`Memory` with states (B, S, d_model) and the source mask.
+        """
+        memory, _ = self._encode(src, need_weights=False)
+        return memory
+
+    def _encode(self, src: Tensor, need_weights: bool) -> tuple[Memory, list[Tensor]]:
+        mask = padding_mask(src, self.config.pad_id)
+        x = self._embed(src, self.src_embed, self.src_positions, 0)
+        weights = []
+        for layer in self.encoder_layers:
+            x, w = layer(x, mask, need_weights)
+            weights.append(w)
+        return Memory(self.encoder_norm(x), mask), weights
+
+    def init_cache(self, memory: Memory) -> DecoderCache:
+        """An empty decoder cache holding the cross-attention keys/values of ``memory`` (computed once here)."""
+        b = memory.states.shape[0]
+        h, d_k = self.config.heads, self.config.d_k
+        empty = memory.states.new_zeros(b, h, 0, d_k)
+        return DecoderCache(
+            self_kv=tuple((empty, empty) for _ in self.decoder_layers),
+            cross_kv=tuple(layer.cross_attn.memory_kv(memory.states) for layer in self.decoder_layers),
+            memory_mask=memory.mask,
+        )
+
+    def decode(self, tgt: Tensor, memory: Memory, cache: DecoderCache | None = None) -> tuple[Tensor, DecoderCache]:
+        """Run the decoder over new target tokens, incrementally.
+
+        Args:
+            tgt: (B, T) the next T target ids (the whole prefix, starting with BOS, when ``cache`` is None).
+            memory: the encoder output; only used to build the cache when ``cache`` is None.
+            cache: the cache returned by the previous call, or None to start.
+        Returns:
+            logits (B, T, tgt_vocab) for the positions of ``tgt``, and a new cache that also holds them
+            (the cache passed in is not modified).
+        """
+        if cache is None:
+            cache = self.init_cache(memory)
+        x, new_kv, _ = self._decode_layers(tgt, cache.cross_kv, cache.memory_mask, cache.self_kv, need_weights=False)
+        return self.output(x), DecoderCache(tuple(new_kv), cache.cross_kv, cache.memory_mask)
+
+    def _decode_layers(
+        self,
+        tgt: Tensor,
+        cross_kv: tuple[KV, ...] | None,
+        memory_mask: Tensor | None,
+        past: tuple[KV, ...] | None,
+        need_weights: bool,
+        memory: Memory | None = None,
+    ) -> tuple[Tensor, list[KV], tuple[list, list]]:
+        offset = past[0][0].shape[2] if past else 0
+        x = self._embed(tgt, self.tgt_embed, self.tgt_positions, offset)
+        new_kv, self_ws, cross_ws = [], [], []
+        for i, layer in enumerate(self.decoder_layers):
+            kv = cross_kv[i] if cross_kv is not None else layer.cross_attn.memory_kv(memory.states)
+            x, layer_kv, (self_w, cross_w) = layer(
+                x, kv, memory_mask, past=past[i] if past else None, need_weights=need_weights
+            )
+            new_kv.append(layer_kv)
+            self_ws.append(self_w)
+            cross_ws.append(cross_w)
+        return self.decoder_norm(x), new_kv, (self_ws, cross_ws)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing.
+
+        Args:
+            src: (B, S) source ids.
+            tgt_in: (B, T) decoder inputs: BOS followed by the target ids, right-padded.
+        Returns:
+            logits (B, T, tgt_vocab): position t predicts target token t + 1 of ``tgt_in``.
+        """
+        memory = self.encode(src)
+        x, _, _ = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=False, memory=memory)
+        return self.output(x)
+
+    @torch.no_grad()
+    def attention(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionWeights]:
+        """Teacher-forced pass that also returns every attention weight (per layer and head), for visualisation.
+
+        Returns:
+            logits (B, T, tgt_vocab) and :class:`AttentionWeights`.
+        """
+        memory, enc_w = self._encode(src, need_weights=True)
+        x, _, (self_w, cross_w) = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=True, memory=memory)
+        return self.output(x), AttentionWeights(enc_w, self_w, cross_w)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each shared tensor counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
