@@ -356,14 +356,17 @@ def load_weights(model: torch.nn.Module, checkpoint: str | Path, *, device: str 
             stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{model_path}: not a readable safetensors file ({e})") from None
-    diffs = [f"{k}: checkpoint {shape}, model {expected[k]}" for k, shape in stored.items() if k in expected
-             and expected[k] != shape]
+    diffs = [
+        f"{k}: checkpoint {shape}, model {expected[k]}"
+        for k, shape in stored.items()
+        if k in expected and expected[k] != shape
+    ]
     unknown = [k for k in stored if k not in expected]
     if diffs or unknown:
         parts = diffs + ([f"unexpected tensors {unknown[:5]}"] if unknown else [])
         raise CheckpointError(f"{model_path}: model shape mismatch: {'; '.join(parts[:8])}")
     try:
-        missing, unexpected = _st_load_model(model, str(model_path), strict=False, device=str(device))
+        missing, _ = _st_load_model(model, str(model_path), strict=False, device=str(device))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{model_path}: cannot load weights ({e})") from None
     # safetensors stores tied tensors once; the aliases it skipped share storage with a loaded tensor
@@ -403,7 +406,7 @@ def load_model(
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
-    """The trainer state of a training checkpoint, read with ``torch.load(weights_only=True)`` (no arbitrary pickles)."""
+    """A training checkpoint's trainer state, read with ``torch.load(weights_only=True)``: no arbitrary pickles."""
     p = Path(checkpoint) / TRAINER_FILE
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
