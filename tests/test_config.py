@@ -1,0 +1,76 @@
+"""Configuration: round trips, presets, validation messages, overrides."""
+
+import pytest
+
+from transduce.config import Config, ConfigError, DecodeConfig, ModelConfig, TrainConfig, apply_overrides
+
+
+def test_model_config_round_trips_exactly_through_json_and_yaml():
+    cfg = ModelConfig.preset("tiny", src_vocab_size=8000, tgt_vocab_size=8000, norm="pre", layer_norm_eps=1e-6)
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    assert ModelConfig.from_yaml(cfg.to_yaml()) == cfg
+    full = Config(model=cfg, decode=DecodeConfig(beam=5, length_penalty=1.0))
+    full.data.test = ["a/test_2016_flickr", "a/test_2017"]
+    assert Config.from_yaml(full.to_yaml()) == full
+    assert Config.from_json(full.to_json()) == full
+
+
+def test_presets():
+    tiny = ModelConfig.preset("tiny")
+    assert (tiny.encoder_layers, tiny.decoder_layers, tiny.d_model, tiny.d_ff, tiny.heads, tiny.dropout) == (
+        4,
+        4,
+        128,
+        256,
+        4,
+        0.3,
+    )
+    big = ModelConfig.preset("big")
+    assert (big.d_model, big.d_ff, big.heads, big.d_k, big.dropout) == (1024, 4096, 16, 64, 0.3)
+    assert ModelConfig() == ModelConfig.preset("base")
+    with pytest.raises(ConfigError, match=r"unknown model preset 'smal'; did you mean 'small'\?"):
+        ModelConfig.preset("smal")
+
+
+def test_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'd_modle'; did you mean 'd_model'\?"):
+        ModelConfig.from_dict({"d_modle": 256})
+    with pytest.raises(ConfigError, match=r"unknown key 'train.warmup'; did you mean 'warmup_steps'\?"):
+        Config.from_dict({"train": {"warmup": 10}})
+    with pytest.raises(ConfigError, match=r"unknown key 'modle'; did you mean 'model'\?"):
+        Config.from_dict({"modle": {}})
+
+
+def test_types_and_choices_are_checked_with_the_key_named():
+    with pytest.raises(ConfigError, match=r"model.heads: expected an integer, got str 'four'"):
+        Config.from_dict({"model": {"heads": "four"}})
+    with pytest.raises(ConfigError, match=r"norm: 'middle' is not one of 'post', 'pre'"):
+        ModelConfig(norm="middle")
+    with pytest.raises(ConfigError, match="heads: d_model 100 is not divisible by heads 8"):
+        ModelConfig(d_model=100)
+    with pytest.raises(ConfigError, match="share_vocab: true needs src_vocab_size == tgt_vocab_size"):
+        ModelConfig(src_vocab_size=10, tgt_vocab_size=12)
+    with pytest.raises(ConfigError, match=r"precision: 'fp16' is not one of 'fp32', 'bf16'"):
+        TrainConfig(precision="fp16")
+    assert TrainConfig.from_dict({"peak_lr": 1}).peak_lr == 1.0  # an integer is a valid float
+
+
+def test_yaml_file_with_preset_and_dotted_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  preset: tiny\n  src_vocab_size: 8000\n  tgt_vocab_size: 8000\ntrain:\n  accumulate: 2\n")
+    cfg = Config.load(path, ["model.dropout=0.2", "train.precision=bf16", "decode.beam=5", "data.test=[a, b]"])
+    assert cfg.model.d_model == 128 and cfg.model.dropout == 0.2 and cfg.model.src_vocab_size == 8000
+    assert cfg.train.accumulate == 2 and cfg.train.precision == "bf16" and cfg.decode.beam == 5
+    assert cfg.data.test == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"run.yaml: unknown key 'train.acumulate'; did you mean 'accumulate'\?"):
+        Config.load(path, ["train.acumulate=3"])
+    with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
+        Config.load(tmp_path / "missing.yaml")
+
+
+def test_overrides_do_not_change_their_input():
+    data = {"train": {"seed": 1}}
+    assert apply_overrides(data, ["train.seed=2"]) == {"train": {"seed": 2}}
+    assert data == {"train": {"seed": 1}}
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        apply_overrides(data, ["train.seed"])
