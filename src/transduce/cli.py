@@ -11,7 +11,9 @@ import sys
 from transduce.errors import TransduceError
 
 #: subcommand -> (module under transduce.commands, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("prepare", "raw parallel text -> vocabulary and binarised corpus"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
