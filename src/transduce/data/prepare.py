@@ -1,0 +1,424 @@
+"""``transduce prepare``: raw parallel text -> SentencePiece vocabulary + binarised, cleaned corpus.
+
+Two streaming passes over the training pair, in memory bounded by ``input_sentence_size`` (plus the dedup hashes
+when ``dedup`` is on), never by the corpus size:
+
+1. **check and sample**: every input is read in lockstep, which catches missing files, unequal line counts and
+   bytes that are not UTF-8 *before* any work is done; a uniform reservoir sample of at most
+   ``input_sentence_size`` training sentences is kept for the vocabulary;
+2. **encode**: chunks of raw pairs go to ``workers`` processes (bounded in flight, order preserved), which decode,
+   clean and encode them; the parent deduplicates and appends the ids to the binary files.
+
+Training pairs are dropped (and counted) when a side is empty, a side is longer than ``max_len`` tokens, the
+token-length ratio exceeds ``max_len_ratio``, the pair repeats an earlier one (``dedup``) or has bytes that are
+not UTF-8 (``skip_invalid_utf8``). Validation and test sets keep every line.
+
+Everything is written into ``.NAME.tmp-PID-XXXX`` beside the output and renamed into place at the end, so an
+interrupted run leaves no partial output. The prepared directory holds:
+
+- ``manifest.json``: inputs (path, size, SHA-256, lines), options, tokenizer, dtype, per-split counts;
+- ``tokenizer.json`` and ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` (see
+  :mod:`transduce.tokenizer`);
+- per split (``train``, ``valid``, one per test prefix named after its basename): the files of
+  :mod:`transduce.data.binary`.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.metadata
+import json
+import logging
+import multiprocessing
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sentencepiece
+
+from transduce.config import DataConfig
+from transduce.data.binary import MANIFEST_FILE, SplitWriter, ids_dtype, split_files
+from transduce.data.encode import (
+    DROP_REASONS,
+    UTF8_HINT,
+    Chunk,
+    Encoded,
+    EncodeOptions,
+    drop_duplicates,
+    encode_chunk,
+    init_worker,
+)
+from transduce.errors import DataError
+from transduce.special import SPECIAL_IDS
+from transduce.textio import decode_line, iter_raw_pairs, resolve_corpus_file, sha256_file
+from transduce.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT, VERSION = "transduce-prepared", 1
+CHUNK_PAIRS = 8192  # raw pairs per worker task
+SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
+# DataConfig fields that change the prepared output (workers and paths do not)
+_OPTION_KEYS = (
+    "src_lang",
+    "tgt_lang",
+    "vocab_type",
+    "vocab_size",
+    "joint_vocab",
+    "character_coverage",
+    "input_sentence_size",
+    "lowercase",
+    "max_len",
+    "max_len_ratio",
+    "dedup",
+    "skip_invalid_utf8",
+)
+
+
+def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Prepare the corpora of ``cfg`` into ``out_dir`` (see the module docstring).
+
+    Args:
+        cfg: the data section of the configuration (``train`` is required).
+        out_dir: the prepared directory to create.
+        force: rebuild even when ``out_dir`` already holds this preparation, and replace a different one.
+
+    Returns:
+        The manifest (also written to ``out_dir/manifest.json``).
+
+    Raises:
+        DataError: bad input (missing files, unequal line counts, invalid UTF-8, an empty corpus, an unusable
+            vocabulary size) or an ``out_dir`` that cannot be replaced safely.
+    """
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    corpora = _corpora(cfg)
+    options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
+    inputs = {
+        split: {side: _describe(path) for side, path in (("src", src), ("tgt", tgt))}
+        for split, (src, tgt) in corpora.items()
+    }
+    existing = _existing_manifest(out_dir)
+    if existing is not None and not force:
+        if _fingerprint(existing) == _fingerprint({"options": options, "inputs": inputs}):
+            log.info("%s already holds this preparation (same inputs and options); reusing it", out_dir)
+            return existing
+        raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the prepared directory gets the usual permissions
+    try:
+        manifest = _prepare_into(tmp, cfg, corpora, inputs, options)
+        manifest["seconds"] = round(time.perf_counter() - started, 2)
+        (tmp / MANIFEST_FILE).write_text(_json(manifest), encoding="utf-8")
+        _install(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("prepared %s in %.1f s", out_dir, manifest["seconds"])
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the work
+
+
+def _prepare_into(
+    tmp: Path, cfg: DataConfig, corpora: dict[str, tuple[Path, Path]], inputs: dict, options: dict
+) -> dict[str, Any]:
+    sample_pairs = -(-cfg.input_sentence_size // 2) if cfg.joint_vocab else cfg.input_sentence_size
+    sample: list[tuple[str, str]] = []
+    for split, (src, tgt) in corpora.items():
+        lines, usable = _check(src, tgt, cfg.skip_invalid_utf8, sample if split == "train" else None, sample_pairs)
+        inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = lines
+        if split == "train" and not usable:
+            raise DataError(f"{src} and {tgt}: no sentence pairs with text on both sides ({lines} lines)")
+
+    workers = cfg.workers or os.cpu_count() or 1
+    log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
+    random.Random(SAMPLE_SEED).shuffle(sample)
+    if cfg.joint_vocab:
+        tok = Tokenizer.train(
+            tmp,
+            (s for pair in sample for s in pair),
+            vocab_size=cfg.vocab_size,
+            vocab_type=cfg.vocab_type,
+            lowercase=cfg.lowercase,
+            character_coverage=cfg.character_coverage,
+            threads=workers,
+        )
+    else:
+        tok = Tokenizer.train(
+            tmp,
+            (s for s, _ in sample),
+            (t for _, t in sample),
+            vocab_size=cfg.vocab_size,
+            vocab_type=cfg.vocab_type,
+            lowercase=cfg.lowercase,
+            character_coverage=cfg.character_coverage,
+            threads=workers,
+        )
+    del sample
+    dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
+    enc_opts = EncodeOptions(str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup)
+
+    splits: dict[str, Any] = {}
+    with _Encoder(enc_opts, workers) as encoder:
+        for split, (src, tgt) in corpora.items():
+            writer = SplitWriter(tmp, split, dtype)
+            counts = _encode_split(encoder, writer, split, src, tgt, dedup=cfg.dedup and split == "train")
+            info = writer.close()
+            splits[split] = {
+                **info,
+                "kind": _kind(split),
+                "read": inputs[split]["src"]["lines"],
+                "counts": counts,
+                "files": split_files(split),
+            }
+            _log_counts(split, splits[split], cfg)
+    if splits["train"]["pairs"] == 0:
+        raise DataError(
+            f"{corpora['train'][0]} and {corpora['train'][1]}: no sentence pairs left after cleaning "
+            f"({_dropped(splits['train']['counts'])})"
+        )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "transduce_version": importlib.metadata.version("transduce"),
+        "sentencepiece_version": sentencepiece.__version__,
+        "options": options,
+        "inputs": inputs,
+        "special_ids": dict(SPECIAL_IDS),
+        "tokenizer": {**_read_json(tmp / "tokenizer.json")},
+        "dtype": dtype.name,
+        "splits": splits,
+    }
+
+
+def _check(src: Path, tgt: Path, skip_invalid: bool, sample: list | None, k: int) -> tuple[int, int]:
+    """Pass 1: line counts and UTF-8 of one pair of files; reservoir-sample ``k`` usable pairs into ``sample``.
+
+    Returns:
+        (lines, usable pairs: valid UTF-8 and text on both sides).
+    """
+    rng = random.Random(SAMPLE_SEED)
+    lines = usable = 0
+    for lineno, s_raw, t_raw in iter_raw_pairs(src, tgt):
+        lines = lineno
+        try:
+            s, t = decode_line(s_raw, src, lineno), decode_line(t_raw, tgt, lineno)
+        except DataError as e:
+            if skip_invalid:
+                continue
+            raise DataError(f"{e}; {UTF8_HINT}") from None
+        if not s.strip() or not t.strip():
+            continue
+        usable += 1
+        if sample is None:
+            continue
+        if len(sample) < k:  # reservoir sampling (algorithm R): a uniform sample of the usable pairs
+            sample.append((s, t))
+        elif (j := rng.randrange(usable)) < k:
+            sample[j] = (s, t)
+    return lines, usable
+
+
+def _chunks(split: str, src: Path, tgt: Path) -> Iterator[Chunk]:
+    train = split == "train"
+    first, s_buf, t_buf = 0, [], []
+    for lineno, s, t in iter_raw_pairs(src, tgt):
+        s_buf.append(s)
+        t_buf.append(t)
+        if len(s_buf) == CHUNK_PAIRS:
+            yield Chunk(train, str(src), str(tgt), first, s_buf, t_buf)
+            first, s_buf, t_buf = lineno, [], []
+    if s_buf:
+        yield Chunk(train, str(src), str(tgt), first, s_buf, t_buf)
+
+
+def _encode_split(
+    encoder: _Encoder, writer: SplitWriter, split: str, src: Path, tgt: Path, *, dedup: bool
+) -> dict[str, int]:
+    counts = dict.fromkeys(DROP_REASONS, 0)
+    seen: set[int] = set()
+    next_report = 1_000_000
+    for enc in encoder.map(_chunks(split, src, tgt)):
+        for key, value in enc.counts.items():
+            counts[key] += value
+        if dedup:
+            counts["duplicate"] += drop_duplicates(enc, seen)
+        writer.append(enc.lines, enc.src, enc.src_lens, enc.tgt, enc.tgt_lens)
+        if writer.pairs >= next_report:
+            log.info("%s: %d pairs encoded", split, writer.pairs)
+            next_report += 1_000_000
+    return counts
+
+
+class _Encoder:
+    """Runs :func:`encode_chunk` over chunks in ``workers`` processes, in order, with few chunks in flight."""
+
+    def __init__(self, options: EncodeOptions, workers: int) -> None:
+        self.options, self.workers = options, workers
+        self.pool = None
+
+    def __enter__(self) -> _Encoder:
+        if self.workers > 1:
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            self.pool = ctx.Pool(self.workers, initializer=init_worker, initargs=(self.options,))
+        else:
+            init_worker(self.options)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            if exc[0] is None:
+                self.pool.close()
+            else:
+                self.pool.terminate()
+            self.pool.join()
+
+    def map(self, chunks: Iterator[Chunk]) -> Iterator[Encoded]:
+        if self.pool is None:
+            yield from map(encode_chunk, chunks)
+            return
+        pending: collections.deque = collections.deque()
+        for chunk in chunks:  # Pool.imap would read the whole input ahead: bound what is in flight instead
+            pending.append(self.pool.apply_async(encode_chunk, (chunk,)))
+            if len(pending) >= 2 * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# inputs, reporting and atomic output
+
+
+def _kind(split: str) -> str:
+    return split if split in ("train", "valid") else "test"
+
+
+def _corpora(cfg: DataConfig) -> dict[str, tuple[Path, Path]]:
+    if not cfg.train:
+        raise DataError("no training corpus: set data.train (--train PREFIX)")
+    prefixes = {"train": cfg.train}
+    if cfg.valid:
+        prefixes["valid"] = cfg.valid
+    for prefix in cfg.test:
+        name = Path(prefix).name
+        if name in prefixes:
+            raise DataError(f"test set {prefix}: the split name {name!r} is already taken; rename the files")
+        prefixes[name] = prefix
+    return {
+        split: (resolve_corpus_file(p, cfg.src_lang), resolve_corpus_file(p, cfg.tgt_lang))
+        for split, p in prefixes.items()
+    }
+
+
+def _describe(path: Path) -> dict[str, Any]:
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _fingerprint(manifest: dict[str, Any]) -> tuple:
+    inputs = {split: tuple(sides[s]["sha256"] for s in ("src", "tgt")) for split, sides in manifest["inputs"].items()}
+    return manifest["options"], inputs
+
+
+def _dropped(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none dropped"
+
+
+def _log_counts(split: str, info: dict[str, Any], cfg: DataConfig) -> None:
+    counts = info["counts"]
+    if info["kind"] != "train":
+        bad = f", {counts['invalid_utf8']} with invalid UTF-8 replaced" if counts["invalid_utf8"] else ""
+        log.info("%s: %d pairs, every line kept%s", split, info["pairs"], bad)
+        return
+    log.info(
+        "%s: read %d pairs, kept %d; dropped %d with an empty side, %d longer than %d tokens, %d with a length "
+        "ratio over %g, %d duplicates%s, %d with invalid UTF-8",
+        split,
+        info["read"],
+        info["pairs"],
+        counts["empty"],
+        counts["too_long"],
+        cfg.max_len,
+        counts["ratio"],
+        cfg.max_len_ratio,
+        counts["duplicate"],
+        "" if cfg.dedup else " (dedup off)",
+        counts["invalid_utf8"],
+    )
+
+
+def _existing_manifest(out_dir: Path) -> dict[str, Any] | None:
+    """The manifest of a complete earlier preparation in ``out_dir``, ``None`` if there is nothing there.
+
+    Raises:
+        DataError: ``out_dir`` is a non-empty directory (or a file) that is not a prepared directory.
+    """
+    if not out_dir.exists():
+        return None
+    if out_dir.is_dir() and not any(out_dir.iterdir()):
+        return None
+    manifest_path = out_dir / MANIFEST_FILE
+    if manifest_path.is_file():
+        manifest = _read_json(manifest_path)
+        if manifest.get("format") == FORMAT and all(
+            (out_dir / name).is_file() for info in manifest["splits"].values() for name in info["files"].values()
+        ):
+            return manifest
+    raise DataError(f"{out_dir} exists and is not a prepared directory; refusing to overwrite it")
+
+
+def _install(tmp: Path, out_dir: Path) -> None:
+    """Move the finished ``tmp`` to ``out_dir``; an earlier preparation there is moved aside, then deleted."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-{os.getpid()}-", dir=out_dir.parent))
+        os.replace(out_dir, old / "old")
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)  # atomic; replaces an empty directory
+
+
+def _remove_stale(out_dir: Path) -> None:
+    """Delete temporary directories of earlier runs on ``out_dir`` whose process no longer exists."""
+    for path in out_dir.parent.glob(f".{out_dir.name}.*-*-*"):
+        kind, _, rest = path.name[len(out_dir.name) + 2 :].partition("-")
+        pid = rest.partition("-")[0]
+        if kind in ("tmp", "old") and pid.isdigit() and not _alive(int(pid)):
+            log.info("removing %s left by an interrupted run", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read ({e})") from None
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2) + "\n"
