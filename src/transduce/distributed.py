@@ -1,0 +1,79 @@
+"""Data parallelism with ``torch.distributed``: one code path for one process and for ``torchrun``.
+
+``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`setup` reads
+them and joins the process group (gloo on CPU, NCCL on CUDA). Without them it is a single process and no group is
+created. Only rank 0 writes files (:attr:`Dist.is_main`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class Dist:
+    """Where this process stands in the data-parallel job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that logs and writes the run directory."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device_type: str) -> Dist:
+    """Join the process group described by the ``torchrun`` environment, if any.
+
+    Args:
+        device_type: ``"cuda"`` (NCCL backend, one GPU per local rank) or ``"cpu"`` (gloo).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return Dist()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return Dist(rank, world_size, local_rank)
+
+
+def teardown() -> None:
+    """Leave the process group (no-op for a single process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few numbers over all processes (float64; identity for a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def any_true(flag: bool, device: torch.device) -> bool:
+    """True on every process when ``flag`` is true on any (e.g. a stop signal received by one rank)."""
+    return all_reduce_sum([1.0 if flag else 0.0], device)[0] > 0
+
+
+def broadcast_object(obj: object) -> object:
+    """Rank 0's ``obj`` on every process (identity for a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

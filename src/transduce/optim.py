@@ -1,0 +1,56 @@
+"""The optimizer and the learning-rate schedule of the paper (§5.3).
+
+Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 (AdamW when ``weight_decay`` > 0) and
+
+    lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)              (schedule: noam)
+
+times ``lr_scale``. ``inverse_sqrt`` is the same curve parametrised by its peak (fairseq's form):
+``peak_lr · min(step / warmup, sqrt(warmup / step))``; ``constant`` is ``peak_lr`` throughout. The schedule is a
+pure function of the step, so its whole state is the step number stored in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from transduce.config import TrainConfig
+
+
+def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
+    """The learning rate of update number ``step`` (1-based: the first update is step 1).
+
+    Args:
+        step: the update about to be applied, >= 1.
+        cfg: schedule, lr_scale, peak_lr and warmup_steps.
+        d_model: the model width (the noam schedule scales with d_model^-0.5).
+    """
+    step = max(step, 1)
+    warmup = cfg.warmup_steps
+    if cfg.schedule == "noam":
+        return cfg.lr_scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    if cfg.schedule == "inverse_sqrt":
+        return cfg.peak_lr * min(step / warmup, math.sqrt(warmup / step))
+    return cfg.peak_lr  # constant
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam (the paper) or, with ``weight_decay`` > 0, AdamW with decay on matrices only (not biases, norms).
+
+    The learning rate is set before every update by the trainer from :func:`learning_rate`.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]  # parameters() yields a tied tensor once
+    betas = (cfg.adam_beta1, cfg.adam_beta2)
+    if cfg.weight_decay == 0:
+        return torch.optim.Adam(params, lr=0.0, betas=betas, eps=cfg.adam_eps)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.0, betas=betas, eps=cfg.adam_eps)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set ``lr`` on every parameter group."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
