@@ -13,6 +13,8 @@ from transduce.errors import TransduceError
 #: subcommand -> (module under transduce.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("prepare", "raw parallel text -> vocabulary and binarised corpus"),
+    "train": ("train", "train a model (or --resume a run); torchrun for data parallelism"),
+    "average": ("average", "average the weights of the last N checkpoints of a run"),
 }
 
 

@@ -1,0 +1,388 @@
+"""``transduce train``: the training loop around :class:`transduce.trainer.Trainer`.
+
+:func:`train` prepares the data when the config names raw text, writes the run directory (see
+:mod:`transduce.checkpoint` for its layout), and runs updates until ``max_steps``, ``max_epochs``, ``max_minutes``,
+early stopping (``patience``) or a signal. Every ``valid_every`` updates it validates (loss, perplexity, BLEU) and
+writes a checkpoint; ``save_every_minutes`` adds checkpoints by wall time. Under ``torchrun`` every process runs this
+same code; only rank 0 writes files.
+
+Resuming (``train(resume=RUN_DIR)``) restores the weights, the optimizer, the step, every process's random number
+generators and the position in the data, so a run killed after checkpoint k and resumed produces the same weights and
+the same ``metrics.jsonl`` loss curve as a run never interrupted.
+
+SIGINT and SIGTERM make the loop finish the current update, write a checkpoint and return ``128 + signal number``
+(130, 143), so a script's ``transduce train ... && transduce average ...`` does not go on after an interrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from transduce import checkpoint as ckpt
+from transduce.config import Config
+from transduce.data import ParallelDataset, TokenBatchSampler, collate, prepare, read_manifest
+from transduce.data.batch import Batch
+from transduce.distributed import Dist, all_reduce_sum, broadcast_object, setup, teardown
+from transduce.errors import TransduceError
+from transduce.model import Transformer
+from transduce.runlog import RunLog, Throughput, truncate_metrics
+from transduce.tokenizer import Tokenizer
+from transduce.trainer import Trainer, rng_state, select_device, set_rng_state
+from transduce.validate import ValidResult, read_references, validate
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+
+
+class TrainingError(TransduceError, RuntimeError):
+    """Training cannot go on (non-finite losses, an unusable run directory)."""
+
+
+@dataclasses.dataclass
+class RunState:
+    """Loop state saved in every checkpoint beside the trainer's."""
+
+    epoch: int = 0  # current epoch
+    position: int = 0  # batches of ``epoch`` this rank has consumed
+    best_score: float | None = None  # best validation metric (higher is better), None before any validation
+    best_step: int = 0
+    bad_validations: int = 0  # validations since the last improvement
+    elapsed_s: float = 0.0  # training wall time before this session
+
+
+@dataclasses.dataclass
+class TrainOutcome:
+    """How :func:`train` ended."""
+
+    exit_code: int  # 0, or 128 + signal number
+    reason: str  # max_steps, max_epochs, max_minutes, patience, signal
+    step: int
+    run_dir: Path
+    last_valid: ValidResult | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# setup
+
+
+def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Path, Tokenizer]:
+    """Prepare the data if needed, copy the vocabulary and write the resolved config into the run directory.
+
+    Returns:
+        The config with the vocabulary sizes of the tokenizer, the prepared directory, the tokenizer.
+    """
+    run_dir = Path(config.train.run_dir)
+    prepared = Path(config.data.prepared) if config.data.prepared else run_dir / "data"
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume and ckpt.list_checkpoints(run_dir):
+            raise TrainingError(f"{run_dir} already holds checkpoints: resume with --resume {run_dir} or set a new "
+                                "train.run_dir")  # fmt: skip
+        if config.data.train:
+            prepare(config.data, prepared)  # reuses a directory already prepared from the same inputs
+        elif not (prepared / "manifest.json").exists():
+            raise TrainingError(f"no data: set data.train (raw text) or data.prepared (a prepared directory, "
+                                f"{prepared} has none)")  # fmt: skip
+    if dist.enabled:
+        tdist.barrier()
+    tokenizer = Tokenizer.load(prepared)
+    share = config.model.share_vocab and tokenizer.joint
+    if share != config.model.share_vocab:
+        log.warning("model.share_vocab: the vocabulary of %s is not joint; training with separate embeddings", prepared)
+    model = config.model.replace(
+        src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, share_vocab=share
+    )
+    config = Config(model=model, data=config.data.replace(prepared=str(prepared)), train=config.train,
+                    decode=config.decode)  # fmt: skip
+    if dist.is_main:
+        vocab = run_dir / ckpt.VOCAB_DIR
+        if resume and vocab.exists():
+            if ckpt.vocab_sha256(vocab) != ckpt.vocab_sha256(prepared):
+                raise TrainingError(f"{vocab}: differs from the vocabulary of {prepared}; cannot resume")
+        else:
+            ckpt.copy_vocab(prepared, vocab)
+        ckpt.write_text_atomic(run_dir / CONFIG_FILE, config.to_yaml())
+    if dist.enabled:
+        tdist.barrier()
+    return config, prepared, tokenizer
+
+
+def _batches(
+    dataset: ParallelDataset, sampler: TokenBatchSampler, state: RunState, max_epochs: int
+) -> Iterator[tuple[int, int, Batch]]:
+    """``(epoch, position after it, batch)`` from the saved data position onwards, epoch after epoch."""
+    epoch, position = state.epoch, state.position
+    while max_epochs == 0 or epoch < max_epochs:
+        for indices in sampler.iter_from(epoch, position):
+            position += 1
+            yield epoch, position, collate([dataset[i] for i in indices])
+        epoch, position = epoch + 1, 0
+
+
+class _Signals:
+    """SIGINT/SIGTERM set a flag instead of killing the process; the loop saves and stops at the next update."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread: leave the handlers alone
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.received = signum
+        log.warning("received %s: stopping after this update with a checkpoint", signal.Signals(signum).name)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the run
+
+
+class _Run:
+    """The state of one training session: trainer, data, logging, checkpoints."""
+
+    def __init__(self, config: Config, dist: Dist, device: torch.device, resume: bool) -> None:
+        self.dist, self.device = dist, device
+        self.config, self.prepared, self.tokenizer = prepare_run(config, dist, resume=resume)
+        self.cfg = self.config.train
+        self.run_dir = Path(self.cfg.run_dir)
+        self.vocab_sha = ckpt.vocab_sha256(self.run_dir / ckpt.VOCAB_DIR)
+        torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
+        self.model = Transformer(self.config.model)
+        self.trainer = Trainer(self.config, self.model, device, dist)
+        torch.manual_seed(self.cfg.seed + 1000 * dist.rank)  # different dropout masks on different ranks
+        self.state = RunState()
+        self.train_data = ParallelDataset(self.prepared, "train")
+        self.sampler = TokenBatchSampler(
+            self.train_data.src_lengths, self.train_data.tgt_lengths, self.cfg.max_tokens, seed=self.cfg.seed,
+            rank=dist.rank, world_size=dist.world_size,
+        )  # fmt: skip
+        self.valid_data = ParallelDataset(self.prepared, "valid") if "valid" in self._splits() else None
+        self.references, self.reference_kind = (None, "")
+        if self.valid_data is not None and self.cfg.valid_bleu and dist.is_main:
+            self.references, self.reference_kind = read_references(self.valid_data, self.tokenizer)
+        if resume:
+            self._restore()
+        self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step)
+
+    def _splits(self) -> list[str]:
+        return list(read_manifest(self.prepared).get("splits", {}))
+
+    # checkpoints ------------------------------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        path = ckpt.resolve(self.run_dir, prefer=ckpt.LAST)
+        ckpt.verify(path)
+        info = ckpt.read_info(path)
+        diff = ckpt.model_config_diff(info.config, self.config)
+        if diff:
+            raise ckpt.CheckpointError(f"{path}: the checkpoint's model differs from the config: {'; '.join(diff)}")
+        ckpt.check_vocab(info, self.run_dir / ckpt.VOCAB_DIR)
+        ckpt.load_weights(self.model, path, device=self.device)
+        saved = ckpt.load_trainer_state(path)
+        self.trainer.load_state_dict(saved["trainer"])
+        self.state = RunState(**saved["run"])
+        if saved["world_size"] == self.dist.world_size:
+            set_rng_state(saved["rng"][self.dist.rank])
+            self.state.epoch, self.state.position = saved["data"]["epoch"], saved["data"]["position"]
+        else:
+            log.warning("resuming with %d processes instead of %d: the data restarts at the next epoch and the "
+                        "random streams differ", self.dist.world_size, saved["world_size"])  # fmt: skip
+            self.state.epoch, self.state.position = saved["data"]["epoch"] + 1, 0
+        if self.dist.is_main:
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.trainer.step)
+        log.info("resumed %s at step %d (epoch %d, batch %d)", path, self.trainer.step, self.state.epoch,
+                 self.state.position)  # fmt: skip
+
+    def save(self, *, elapsed_s: float, valid: ValidResult | None = None) -> Path | None:
+        """Write a checkpoint of the current step (collective: every rank contributes its RNG state)."""
+        rngs = [rng_state()]
+        if self.dist.enabled:
+            rngs = [None] * self.dist.world_size
+            tdist.all_gather_object(rngs, rng_state())
+        if not self.dist.is_main:
+            return None
+        run = dataclasses.asdict(self.state) | {"elapsed_s": elapsed_s}
+        trainer_state = {
+            "trainer": self.trainer.state_dict(), "run": run, "rng": rngs, "world_size": self.dist.world_size,
+            "data": {"epoch": self.state.epoch, "position": self.state.position},
+        }  # fmt: skip
+        step = self.trainer.step
+        path = ckpt.write_checkpoint(
+            self.run_dir / ckpt.CHECKPOINTS_DIR / f"step_{step:08d}", self.model, self.config,
+            vocab_sha=self.vocab_sha, step=step, trainer_state=trainer_state,
+        )  # fmt: skip
+        ckpt.set_pointer(self.run_dir, ckpt.LAST, path)
+        if valid is not None and self.state.best_step == step:
+            ckpt.set_pointer(self.run_dir, ckpt.BEST, path)
+        self._prune()
+        self.runlog.event("checkpoint", step, path=str(path))
+        return path
+
+    def _prune(self) -> None:
+        keep = self.cfg.keep_last
+        if not keep:
+            return
+        best = ckpt.read_pointer(self.run_dir, ckpt.BEST)
+        for old in ckpt.list_checkpoints(self.run_dir)[:-keep]:
+            if best is None or old.resolve() != best.resolve():
+                shutil.rmtree(old, ignore_errors=True)
+
+    # validation -------------------------------------------------------------------------------------------------------
+
+    def validate(self) -> ValidResult | None:
+        if self.valid_data is None:
+            return None
+        result = validate(self.model, self.valid_data, self.tokenizer, self.references, self.reference_kind,
+                          self.config, self.device, self.dist, self.trainer.autocast)  # fmt: skip
+        result = broadcast_object(result)  # BLEU is computed on rank 0; every rank takes the same decisions
+        assert isinstance(result, ValidResult)
+        score = result.metric(self.cfg.best_metric)
+        step = self.trainer.step
+        if self.state.best_score is None or score > self.state.best_score:
+            self.state.best_score, self.state.best_step, self.state.bad_validations = score, step, 0
+        else:
+            self.state.bad_validations += 1
+        self.runlog.event("valid", step, **result.to_dict(), best_step=self.state.best_step)
+        bleu = ""
+        if result.bleu is not None:
+            bleu = f" BLEU {result.bleu:.2f} chrF {result.chrf:.2f} ({result.bleu_signature})"
+        self.runlog.info("validation at step %d: loss %.4f nll %.4f ppl %.2f%s%s", step, result.loss, result.nll,
+                         result.ppl, bleu, " (best)" if self.state.best_step == step else "")  # fmt: skip
+        return result
+
+    # the loop ---------------------------------------------------------------------------------------------------------
+
+    def fit(self, signals: _Signals) -> TrainOutcome:
+        cfg, trainer = self.cfg, self.trainer
+        started = time.monotonic()
+        elapsed = lambda: self.state.elapsed_s + time.monotonic() - started  # noqa: E731
+        last_save = time.monotonic()
+        speed, session_start_step = Throughput(), trainer.step
+        interval_loss = interval_tokens = 0.0
+        last_valid: ValidResult | None = None
+        batches = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs)
+        reason, validated_at = "max_steps", -1
+        if self.dist.is_main:
+            n = f"{self.model.num_parameters():,}"
+            self.runlog.info("training %s parameters on %s x%d; run directory %s", n, self.device,
+                             self.dist.world_size, self.run_dir)  # fmt: skip
+        while trainer.step < cfg.max_steps:
+            group = list(itertools.islice(batches, cfg.accumulate))
+            if not group:
+                reason = "max_epochs"
+                break
+            self.state.epoch, self.state.position = group[-1][0], group[-1][1]
+            result = trainer.train_step([b for _, _, b in group])
+            speed.add(result.tokens + result.src_tokens)
+            if result.skipped:
+                self._nonfinite(result)
+                continue
+            interval_loss += result.loss * result.tokens
+            interval_tokens += result.tokens
+            step = trainer.step
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                loss = interval_loss / max(interval_tokens, 1.0)
+                rate = speed.rate()
+                done = step - session_start_step
+                eta = (cfg.max_steps - step) * (time.monotonic() - started) / max(done, 1)
+                self.runlog.progress(step, self.state.epoch, loss, result.lr, rate, eta)
+                self.runlog.event("train", step, epoch=self.state.epoch, loss=loss, lr=result.lr, tokens_per_s=rate,
+                                  grad_norm=result.grad_norm, skipped_total=trainer.nonfinite_total)  # fmt: skip
+                interval_loss = interval_tokens = 0.0
+            # decisions every rank must agree on: one tiny all-reduce
+            now = time.monotonic()
+            flags = all_reduce_sum([
+                float(signals.received is not None),
+                float(cfg.save_every_minutes > 0 and now - last_save >= 60 * cfg.save_every_minutes),
+                float(cfg.max_minutes > 0 and elapsed() >= 60 * cfg.max_minutes),
+            ], self.device)  # fmt: skip
+            if cfg.valid_every and step % cfg.valid_every == 0:
+                last_valid, validated_at = self.validate(), step
+                self.save(elapsed_s=elapsed(), valid=last_valid)
+                last_save = time.monotonic()
+                if cfg.patience and self.state.bad_validations >= cfg.patience:
+                    reason = "patience"
+                    break
+            elif flags[1] > 0 or flags[0] > 0:
+                self.save(elapsed_s=elapsed())
+                last_save = time.monotonic()
+            if flags[0] > 0:
+                signum = signals.received or signal.SIGTERM
+                self.runlog.info("stopped by %s at step %d; resume with: transduce train --resume %s",
+                                 signal.Signals(signum).name, step, self.run_dir)  # fmt: skip
+                return TrainOutcome(128 + int(signum), "signal", step, self.run_dir, last_valid)
+            if flags[2] > 0:
+                reason = "max_minutes"
+                break
+        if trainer.step != validated_at:
+            last_valid = self.validate()
+            self.save(elapsed_s=elapsed(), valid=last_valid)
+        self.runlog.info("finished (%s) at step %d in %.1f min", reason, trainer.step, elapsed() / 60)
+        return TrainOutcome(0, reason, trainer.step, self.run_dir, last_valid)
+
+    def _nonfinite(self, result: Any) -> None:
+        trainer = self.trainer
+        self.runlog.event("nonfinite", trainer.step, loss=str(result.loss), in_row=trainer.nonfinite_in_row,
+                          total=trainer.nonfinite_total)  # fmt: skip
+        log.warning("non-finite loss (%s) at step %d: update skipped (%d in a row)", result.loss, trainer.step + 1,
+                    trainer.nonfinite_in_row)  # fmt: skip
+        if trainer.nonfinite_in_row >= self.cfg.max_nonfinite:
+            last = ckpt.read_pointer(self.run_dir, ckpt.LAST)
+            where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+            raise TrainingError(f"{trainer.nonfinite_in_row} non-finite losses in a row after step {trainer.step}; "
+                                f"stopping ({where}). Lower the learning rate or try precision: fp32.")  # fmt: skip
+
+
+def train(config: Config | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None
+          ) -> TrainOutcome:  # fmt: skip
+    """Train as ``config`` says, or resume the run in ``resume`` (its ``config.yaml`` plus ``overrides``).
+
+    Under ``torchrun`` each process calls this; the process group is created and destroyed here.
+    """
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / CONFIG_FILE).exists():
+            raise TrainingError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
+        config = Config.load(run_dir / CONFIG_FILE, overrides=[*(overrides or []), f"train.run_dir={run_dir}"])
+    elif config is None:
+        raise TrainingError("train: give a config or a run directory to resume")
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    device_type = select_device(config.train.device, Dist()).type
+    dist = setup(device_type)
+    try:
+        device = select_device(config.train.device, dist)
+        run = _Run(config, dist, device, resume=resume is not None)
+        try:
+            with _Signals() as signals:
+                return run.fit(signals)
+        finally:
+            run.runlog.close()
+    finally:
+        teardown()
+
+
+__all__ = ["RunState", "TrainOutcome", "TrainingError", "prepare_run", "train"]
