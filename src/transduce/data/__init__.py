@@ -19,7 +19,7 @@ Reading raw text line by line (plain or gzip, strict UTF-8 with line numbers) is
 
 from transduce.data.batch import Batch, collate
 from transduce.data.binary import ParallelDataset, read_manifest
-from transduce.data.prepare import prepare
+from transduce.data.preparation import prepare
 from transduce.data.sampler import TokenBatchSampler, padding_stats
 from transduce.textio import read_lines, read_parallel
 
