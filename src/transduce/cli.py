@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("prepare", "raw parallel text -> vocabulary and binarised corpus"),
     "train": ("train", "train a model (or --resume a run); torchrun for data parallelism"),
     "average": ("average", "average the weights of the last N checkpoints of a run"),
+    "download": ("download", "fetch a public dataset's raw files (Multi30k)"),
 }
 
 

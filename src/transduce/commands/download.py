@@ -1,0 +1,25 @@
+"""Download a public dataset's raw files, e.g. `transduce download multi30k data/multi30k --langs en,de`.
+
+Files land as `train.en.gz`, `val.de.gz`, `test_2016_flickr.en.gz`, ... ready for `transduce prepare` or the
+recipes in configs/. Existing files are kept (use --force to fetch again)."""
+
+from __future__ import annotations
+
+import argparse
+
+from transduce.download import DATASETS, MULTI30K_URL, download
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", choices=DATASETS)
+    p.add_argument("directory", help="where the files go")
+    p.add_argument("--langs", default="", help="comma-separated languages (default: all)")
+    p.add_argument("--base-url", default=MULTI30K_URL, help="where the raw files are served (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="fetch files that are already there again")
+
+
+def run(args: argparse.Namespace) -> int:
+    langs = tuple(x.strip() for x in args.langs.split(",") if x.strip()) or None
+    paths = download(args.dataset, args.directory, langs=langs, base_url=args.base_url, force=args.force)
+    print(f"{len(paths)} files in {args.directory}")
+    return 0

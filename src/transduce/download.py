@@ -1,0 +1,102 @@
+"""Fetch public datasets' raw files (for users with internet; tests serve local files over HTTP instead).
+
+Every file is written to a temporary name, checked (a gzip file must decompress completely) and then renamed, so an
+interrupted download never leaves a truncated file under the final name, and a rerun fetches only what is missing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from transduce.errors import TransduceError
+
+log = logging.getLogger(__name__)
+
+#: Multi30k task 1 (https://github.com/multi30k/dataset), raw (untokenised, cased) text
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
+MULTI30K_SPLITS = {
+    "train": ("en", "de", "fr", "cs"),
+    "val": ("en", "de", "fr", "cs"),
+    "test_2016_flickr": ("en", "de", "fr", "cs"),
+    "test_2017_flickr": ("en", "de", "fr"),
+    "test_2017_mscoco": ("en", "de", "fr"),
+}
+DATASETS = ("multi30k",)
+
+
+class DownloadError(TransduceError):
+    """A file could not be fetched or is damaged."""
+
+
+def multi30k_files(langs: tuple[str, ...] | None = None) -> list[str]:
+    """File names of Multi30k task 1 in the given languages (all four when None)."""
+    if langs:
+        unknown = sorted(set(langs) - {"en", "de", "fr", "cs"})
+        if unknown:
+            raise DownloadError(f"Multi30k has no language {', '.join(unknown)} (valid: en, de, fr, cs)")
+    return [
+        f"{split}.{lang}.gz"
+        for split, split_langs in MULTI30K_SPLITS.items()
+        for lang in split_langs
+        if not langs or lang in langs
+    ]
+
+
+def fetch(url: str, dest: Path, *, timeout: float = 60.0) -> None:
+    """Download ``url`` to ``dest`` atomically; a ``.gz`` file is verified by decompressing it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    shutil.copyfileobj(response, out)
+            except (urllib.error.URLError, OSError) as e:
+                raise DownloadError(f"{url}: download failed: {getattr(e, 'reason', e)}") from None
+        if dest.suffix == ".gz":
+            try:
+                with gzip.open(tmp, "rb") as f:
+                    while f.read(1 << 20):
+                        pass
+            except (OSError, EOFError) as e:
+                raise DownloadError(f"{url}: the downloaded file is not a complete gzip file ({e})") from None
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def download(
+    dataset: str,
+    directory: str | Path,
+    *,
+    langs: tuple[str, ...] | None = None,
+    base_url: str | None = None,
+    force: bool = False,
+) -> list[Path]:
+    """Fetch ``dataset``'s raw files into ``directory``; files already there are kept unless ``force``.
+
+    Returns:
+        the paths of all the dataset's files in ``directory``.
+    """
+    if dataset not in DATASETS:
+        raise DownloadError(f"unknown dataset {dataset!r} (valid: {', '.join(DATASETS)})")
+    directory = Path(directory)
+    base = (base_url or MULTI30K_URL).rstrip("/")
+    paths = []
+    for name in multi30k_files(langs):
+        dest = directory / name
+        if dest.exists() and not force:
+            log.info("%s exists, kept", dest)
+        else:
+            log.info("fetching %s/%s", base, name)
+            fetch(f"{base}/{name}", dest)
+        paths.append(dest)
+    return paths
