@@ -1,0 +1,165 @@
+"""Checkpoints: round trip, run-directory resolution, atomic writes, clear errors, averaging."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from transduce import checkpoint as ckpt
+from transduce.config import Config, ModelConfig
+from transduce.errors import CheckpointError
+from transduce.model import Transformer
+
+
+def _config(**model):
+    return Config(model=ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=40, **model))
+
+
+@pytest.fixture
+def vocab(tmp_path):
+    d = tmp_path / "prepared"
+    d.mkdir()
+    (d / "spm.model").write_bytes(b"a sentencepiece model")
+    (d / "spm.vocab").write_text("<pad>\t0\n")
+    (d / "tokenizer.json").write_text('{"joint": true}')
+    return d
+
+
+def _run_checkpoint(run_dir, model, config, step, vocab_dir):
+    ckpt.copy_vocab(vocab_dir, run_dir / "vocab")
+    path = ckpt.write_checkpoint(
+        run_dir / "checkpoints" / f"step_{step:08d}", model, config, vocab_sha=ckpt.vocab_sha256(vocab_dir),
+        step=step, trainer_state={"step": step, "t": torch.arange(3)},
+    )  # fmt: skip
+    ckpt.set_pointer(run_dir, ckpt.LAST, path)
+    return path
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_save_model_round_trip_keeps_tied_weights_and_config(tmp_path, vocab):
+    config = _config()
+    model = Transformer(config.model)
+    out = ckpt.save_model(tmp_path / "model", model, config, vocab)
+    loaded, cfg2, vocab_dir = ckpt.load_model(out)
+    assert _same(model, loaded) and cfg2 == config
+    assert vocab_dir == out / "vocab" and (vocab_dir / "spm.model").read_bytes() == b"a sentencepiece model"
+    assert loaded.output.weight is loaded.src_embed.weight  # tying survives the deduplicated storage
+    assert not loaded.training
+    assert ckpt.load_model(out / "model.safetensors")[1] == config  # the weights file itself is accepted too
+
+
+def test_run_directory_resolves_to_best_then_last(tmp_path, vocab):
+    config = _config()
+    run = tmp_path / "run"
+    models = [Transformer(config.model) for _ in range(3)]
+    paths = [_run_checkpoint(run, m, config, (i + 1) * 10, vocab) for i, m in enumerate(models)]
+    model, _, vocab_dir = ckpt.load_model(run)
+    assert _same(model, models[2]) and vocab_dir == run / "vocab"  # no best: the last
+    ckpt.set_pointer(run, ckpt.BEST, paths[0])
+    assert _same(ckpt.load_model(run)[0], models[0])
+    assert ckpt.resolve(run, prefer=ckpt.LAST) == paths[2]
+    (run / "checkpoints" / "last").unlink()
+    (run / "checkpoints" / "best").unlink()
+    assert ckpt.resolve(run) == paths[2]  # no pointers: the newest complete checkpoint
+    state = ckpt.load_trainer_state(paths[1])  # weights_only=True under the hood
+    assert state["step"] == 20 and torch.equal(state["t"], torch.arange(3))
+
+
+def test_crash_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path, vocab, monkeypatch):
+    config = _config()
+    run = tmp_path / "run"
+    first = Transformer(config.model)
+    _run_checkpoint(run, first, config, 10, vocab)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk gone (simulated crash after the weights were written)")
+
+    monkeypatch.setattr(ckpt.torch, "save", crash)
+    with pytest.raises(OSError, match="simulated"):
+        _run_checkpoint(run, Transformer(config.model), config, 20, vocab)
+    monkeypatch.undo()
+    assert not (run / "checkpoints" / "step_00000020").exists()
+    assert [p.name for p in (run / "checkpoints").glob(".tmp-*")]  # the half-written directory is hidden
+    assert ckpt.list_checkpoints(run) == [run / "checkpoints" / "step_00000010"]
+    assert _same(ckpt.load_model(run)[0], first)
+    _run_checkpoint(run, first, config, 30, vocab)  # the next write sweeps the debris
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_truncated_corrupt_and_incomplete_checkpoints_name_the_file(tmp_path, vocab):
+    config = _config()
+    model = Transformer(config.model)
+    out = ckpt.save_model(tmp_path / "m", model, config, vocab)
+    weights = out / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=re.escape(str(weights)) + ".*truncated"):
+        ckpt.load_model(out)
+    weights.write_bytes(data[:-100] + bytes(100))
+    with pytest.raises(CheckpointError, match=re.escape(str(weights)) + ".*corrupt"):
+        ckpt.load_model(out)
+    weights.write_bytes(data)
+    (out / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="manifest.json.*incomplete"):
+        ckpt.load_model(out)
+    trainer = tmp_path / "t" / "trainer.pt"
+    trainer.parent.mkdir()
+    trainer.write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match="trainer.pt: unreadable"):
+        ckpt.load_trainer_state(trainer.parent)
+
+
+def test_mismatched_vocabulary_and_shape_say_what_differs(tmp_path, vocab):
+    config = _config()
+    out = ckpt.save_model(tmp_path / "m", Transformer(config.model), config, vocab)
+    (out / "vocab" / "spm.model").write_bytes(b"another vocabulary")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"].pop("vocab/spm.model")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="vocabulary mismatch"):
+        ckpt.load_model(out)
+    bigger = Config(model=ModelConfig.preset("test", src_vocab_size=48, tgt_vocab_size=48))
+    with pytest.raises(
+        CheckpointError, match=r"model shape mismatch: output.weight: checkpoint \(40, 32\), model \(48"
+    ):
+        ckpt.load_weights(Transformer(bigger.model), out)
+    diff = ckpt.model_config_diff(config, _config(d_model=64))
+    assert diff == ["model.d_model: 32 != 64"]
+
+
+def test_average_is_the_elementwise_mean(tmp_path, vocab):
+    config = _config()
+    run = tmp_path / "run"
+    models = []
+    for i in range(3):
+        torch.manual_seed(i)
+        models.append(Transformer(config.model))
+        _run_checkpoint(run, models[-1], config, (i + 1) * 10, vocab)
+    avg, cfg, vocab_dir = ckpt.average_checkpoints(ckpt.list_checkpoints(run)[-2:])
+    for name, value in avg.state_dict().items():
+        expected = (models[1].state_dict()[name] + models[2].state_dict()[name]) / 2
+        assert torch.allclose(value, expected, atol=1e-7), name
+    assert cfg == config and vocab_dir == run / "vocab"
+    other = _config(d_model=64, d_ff=64)
+    _run_checkpoint(tmp_path / "other", Transformer(other.model), other, 10, vocab)
+    with pytest.raises(CheckpointError, match="cannot average"):
+        ckpt.average_checkpoints([run, tmp_path / "other"])
+
+
+def test_average_command_writes_a_loadable_checkpoint(tmp_path, vocab):
+    from transduce.cli import main
+
+    config = _config()
+    run = tmp_path / "run"
+    models = [Transformer(config.model) for _ in range(3)]
+    for i, m in enumerate(models):
+        _run_checkpoint(run, m, config, i + 1, vocab)
+    assert main(["average", str(run), "--last", "2"]) == 0
+    avg, _, vocab_dir = ckpt.load_model(run / "average_last2")
+    expected = (models[1].output.weight + models[2].output.weight) / 2
+    assert torch.allclose(avg.output.weight, expected, atol=1e-7)
+    assert vocab_dir == run / "average_last2" / "vocab"

@@ -1,0 +1,60 @@
+"""Label-smoothed cross-entropy: a hand-computed value, padding ignored, eps = 0 is plain cross-entropy."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.loss import label_smoothed_nll
+
+PAD = 0
+
+
+def test_smoothed_loss_equals_hand_computed_value():
+    # one position, vocabulary of 5: probabilities from these logits, reference 2, eps 0.1
+    logits = torch.tensor([[[0.5, 1.0, 2.0, -1.0, 0.0]]])
+    target = torch.tensor([[2]])
+    p = [math.exp(x) for x in (0.5, 1.0, 2.0, -1.0, 0.0)]
+    z = sum(p)
+    logp = [math.log(x / z) for x in p]
+    # 0.9 on the reference, 0.1 / (5 - 2) on each of tokens 1, 3, 4 (neither reference nor pad)
+    expected = -(0.9 * logp[2] + 0.1 / 3 * (logp[1] + logp[3] + logp[4]))
+    loss, nll, n = label_smoothed_nll(logits, target, 0.1, PAD)
+    assert n == 1
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert nll.item() == pytest.approx(-logp[2], rel=1e-6)
+
+
+def test_padding_positions_contribute_nothing():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 7)
+    target = torch.tensor([[3, 4, 2, PAD], [5, 2, PAD, PAD]])
+    loss, nll, n = label_smoothed_nll(logits, target, 0.1, PAD)
+    garbage = logits.clone()
+    garbage[0, 3] = 1e4  # whatever the model predicts at padded positions
+    garbage[1, 2:] = -1e4
+    loss2, nll2, n2 = label_smoothed_nll(garbage, target, 0.1, PAD)
+    assert n == n2 == 5
+    assert torch.allclose(loss, loss2) and torch.allclose(nll, nll2)
+    only_real = label_smoothed_nll(logits[0:1, :3], target[0:1, :3], 0.1, PAD)[0]
+    only_real = only_real + label_smoothed_nll(logits[1:2, :2], target[1:2, :2], 0.1, PAD)[0]
+    assert torch.allclose(loss, only_real)
+
+
+def test_zero_smoothing_is_cross_entropy_and_gradients_flow():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5, 11, requires_grad=True)
+    target = torch.randint(1, 11, (3, 5))
+    target[2, 3:] = PAD
+    loss, nll, _ = label_smoothed_nll(logits, target, 0.0, PAD)
+    ref = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), ignore_index=PAD, reduction="sum")
+    assert torch.allclose(loss, ref) and torch.allclose(nll, ref.detach())
+    loss.backward()
+    assert logits.grad is not None and logits.grad[2, 3:].abs().sum() == 0
+
+
+def test_smoothing_raises_loss_above_nll_for_a_confident_model():
+    logits = torch.tensor([[[0.0, -5.0, 10.0, -5.0, -5.0]]])
+    loss, nll, _ = label_smoothed_nll(logits, torch.tensor([[2]]), 0.1, PAD)
+    assert loss.item() > nll.item()

@@ -1,0 +1,42 @@
+"""The learning-rate schedule against the paper's formula, and the optimizer's hyper-parameters."""
+
+import math
+
+import pytest
+import torch
+
+from transduce.config import TrainConfig
+from transduce.optim import build_optimizer, learning_rate
+
+
+@pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
+def test_noam_equals_the_paper_formula(step):
+    cfg = TrainConfig()
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    assert learning_rate(step, cfg, 512) == pytest.approx(expected, rel=1e-12)
+
+
+def test_noam_peaks_at_warmup_and_scales():
+    cfg = TrainConfig(warmup_steps=100, lr_scale=2.0)
+    lrs = [learning_rate(s, cfg, 256) for s in range(1, 400)]
+    assert max(range(len(lrs)), key=lrs.__getitem__) + 1 == 100
+    assert lrs[99] == pytest.approx(2.0 * 256**-0.5 * 100**-0.5)
+
+
+def test_inverse_sqrt_peak_form():
+    cfg = TrainConfig(schedule="inverse_sqrt", peak_lr=5e-3, warmup_steps=2000)
+    assert learning_rate(2000, cfg, 128) == pytest.approx(5e-3)
+    assert learning_rate(1000, cfg, 128) == pytest.approx(2.5e-3)
+    assert learning_rate(8000, cfg, 128) == pytest.approx(5e-3 * math.sqrt(2000 / 8000))
+    assert learning_rate(5, TrainConfig(schedule="constant", peak_lr=1e-4), 128) == 1e-4
+
+
+def test_optimizer_is_the_papers_adam_and_adamw_spares_biases():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = build_optimizer(model, TrainConfig())
+    assert type(opt) is torch.optim.Adam
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.01))
+    assert type(opt) is torch.optim.AdamW
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed == {id(model[0].weight)}
