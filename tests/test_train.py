@@ -1,0 +1,204 @@
+"""Training: loss falls, accumulation equals one big batch, non-finite losses, kill-and-resume, signals."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from trainkit import toy_config, write_corpus
+from transduce import checkpoint as ckpt
+from transduce.config import Config, ModelConfig, TrainConfig
+from transduce.data import collate, prepare
+from transduce.model import Transformer
+from transduce.runlog import read_metrics
+from transduce.train import TrainingError, train
+from transduce.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A copy-task corpus and its prepared directory, shared by the tests of this module."""
+    root = tmp_path_factory.mktemp("toy")
+    corpus = write_corpus(root / "corpus")
+    prepared = root / "prepared"
+    prepare(toy_config(corpus, root / "unused").data, prepared)
+    return corpus, prepared
+
+
+def _cfg(data, run_dir, **train):
+    corpus, prepared = data
+    return toy_config(corpus, run_dir, prepared, valid_bleu=False, **train)
+
+
+def _losses(run_dir):
+    return [(e["step"], e["loss"]) for e in read_metrics(run_dir / "metrics.jsonl", "train")]
+
+
+def _weights(path):
+    return ckpt.load_model(path)[0].state_dict()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_loss_falls_on_a_copy_task_and_the_run_directory_is_complete(data, tmp_path):
+    run = tmp_path / "run"
+    outcome = train(_cfg(data, run, max_steps=60, valid_every=30))
+    assert outcome.exit_code == 0 and outcome.reason == "max_steps" and outcome.step == 60
+    losses = [loss for _, loss in _losses(run)]
+    assert len(losses) == 60
+    assert sum(losses[-5:]) / 5 < 0.7 * losses[0]
+    valid = read_metrics(run / "metrics.jsonl", "valid")
+    assert [v["step"] for v in valid] == [30, 60] and valid[1]["loss"] < valid[0]["loss"]
+    assert math.isclose(valid[1]["ppl"], math.exp(valid[1]["nll"]))
+    assert (run / "config.yaml").exists() and (run / "train.log").exists() and (run / "vocab" / "spm.model").exists()
+    assert Config.load(run / "config.yaml").model.src_vocab_size == 320  # the tokenizer's size, not the default
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_00000030", "step_00000060"]
+    assert ckpt.read_pointer(run, ckpt.BEST).name == "step_00000060"
+    with pytest.raises(TrainingError, match="already holds checkpoints"):
+        train(_cfg(data, run, max_steps=60))
+
+
+def test_keep_last_prunes_old_checkpoints_but_not_the_best(data, tmp_path):
+    run = tmp_path / "run"
+    # a learning rate so high that validation loss gets worse after the first validation
+    train(_cfg(data, run, max_steps=40, valid_every=5, keep_last=2, best_metric="loss"))
+    names = [p.name for p in ckpt.list_checkpoints(run)]
+    best = ckpt.read_pointer(run, ckpt.BEST).name
+    assert names[-2:] == ["step_00000035", "step_00000040"]
+    assert set(names) == {best, "step_00000035", "step_00000040"}
+
+
+def test_accumulating_k_batches_equals_one_big_batch():
+    config = Config(
+        model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, dropout=0.0),
+        train=TrainConfig(label_smoothing=0.1, warmup_steps=10),
+    )
+    g = torch.Generator().manual_seed(0)
+    pairs = [(torch.randint(4, 30, (n,), generator=g).tolist(), torch.randint(4, 30, (n + 2,), generator=g).tolist())
+             for n in (3, 9, 5, 2, 7, 4)]  # fmt: skip
+    grads, results = [], []
+    for batches in ([collate(pairs[:2]), collate(pairs[2:3]), collate(pairs[3:])], [collate(pairs)]):
+        torch.manual_seed(0)
+        trainer = Trainer(config, Transformer(config.model), torch.device("cpu"))
+        captured = []
+        params = trainer.params
+        trainer.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, captured=captured, params=params: captured.append(
+                [p.grad.clone() for p in params]
+            )
+        )
+        results.append(trainer.train_step(batches))
+        grads.append(captured[0])
+    assert results[0].tokens == results[1].tokens == sum(len(t) + 1 for _, t in pairs)
+    assert results[0].loss == pytest.approx(results[1].loss, rel=1e-6)
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_nonfinite_losses_are_skipped_then_stop_training(data, tmp_path, monkeypatch):
+    import transduce.trainer as trainer_module
+
+    real = trainer_module.label_smoothed_nll
+    calls = {"n": 0, "bad": set()}
+
+    def poisoned(*args, **kwargs):
+        loss, nll, n = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] in calls["bad"]:
+            loss = loss * float("nan")
+        return loss, nll, n
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_nll", poisoned)
+    calls["bad"] = {5, 6}
+    run = tmp_path / "run"
+    outcome = train(_cfg(data, run, max_steps=30, valid_every=10, max_nonfinite=3))
+    assert outcome.step == 30 and calls["n"] == 32  # two batches spent on skipped updates
+    events = read_metrics(run / "metrics.jsonl", "nonfinite")
+    assert [(e["step"], e["in_row"]) for e in events] == [(4, 1), (4, 2)]
+    assert read_metrics(run / "metrics.jsonl", "train")[-1]["skipped_total"] == 2
+
+    calls["n"], calls["bad"] = 0, set(range(25, 10_000))
+    run2 = tmp_path / "run2"
+    with pytest.raises(TrainingError, match=r"3 non-finite losses in a row after step 24.*step_00000020"):
+        train(_cfg(data, run2, max_steps=40, valid_every=10, max_nonfinite=3))
+
+
+_DRIVER = textwrap.dedent(
+    """
+    import os, sys
+    import transduce.trainer as T
+    from transduce.config import Config
+    from transduce.train import train
+
+    config, at, signum = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    real = T.Trainer.train_step
+
+    def step(self, batches):
+        result = real(self, batches)
+        if self.step == at:
+            os.kill(os.getpid(), signum)  # SIGKILL dies here; SIGTERM sets the flag the loop checks
+        return result
+
+    T.Trainer.train_step = step
+    sys.exit(train(Config.load(config)).exit_code)
+    """
+)
+
+
+def _drive(tmp_path, config, at, signum):
+    (tmp_path / "driver.py").write_text(_DRIVER)
+    config.save(tmp_path / "killed.yaml")
+    cmd = [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "killed.yaml"), str(at), str(int(signum))]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": "0"})
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(data, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    train(_cfg(data, whole, max_steps=40, valid_every=10))
+    proc = _drive(tmp_path, _cfg(data, killed, max_steps=40, valid_every=10), 27, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert ckpt.read_pointer(killed, ckpt.LAST).name == "step_00000020"
+    assert max(step for step, _ in _losses(killed)) == 26  # killed inside update 27, after logging 26
+    outcome = train(resume=killed)
+    assert outcome.exit_code == 0 and outcome.step == 40
+    a, b = _weights(whole / "checkpoints" / "step_00000040"), _weights(killed / "checkpoints" / "step_00000040")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(killed) == _losses(whole)  # the same loss curve, each step once
+    valid = [[(e["step"], e["loss"]) for e in read_metrics(r / "metrics.jsonl", "valid")] for r in (whole, killed)]
+    assert valid[0] == valid[1]
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(data, tmp_path):
+    run = tmp_path / "run"
+    proc = _drive(tmp_path, _cfg(data, run, max_steps=40, valid_every=10), 13, signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert ckpt.read_pointer(run, ckpt.LAST).name == "step_00000013"
+    assert "stopped by SIGTERM at step 13; resume with: transduce train --resume" in (run / "train.log").read_text()
+    assert train(resume=run, overrides=["train.max_steps=15"]).step == 15
+
+
+def test_resume_with_a_different_model_is_refused(data, tmp_path):
+    run = tmp_path / "run"
+    train(_cfg(data, run, max_steps=5, valid_every=5))
+    with pytest.raises(ckpt.CheckpointError, match=r"model differs from the config: model.d_ff: 64 != 128"):
+        train(resume=run, overrides=["model.d_ff=128", "train.max_steps=10"])
+
+
+def test_cli_train_and_resume(data, tmp_path):
+    from transduce.cli import main
+
+    corpus, prepared = data
+    run = tmp_path / "run"
+    args = ["train", "configs/toy.yaml", f"data.train={corpus / 'train'}", f"data.valid={corpus / 'valid'}",
+            f"data.prepared={prepared}",
+            f"train.run_dir={run}", "train.max_steps=6", "train.valid_every=3", "train.valid_bleu=false"]  # fmt: skip
+    assert main(args) == 0
+    assert main(["train", "--resume", str(run), "train.max_steps=9"]) == 0
+    assert ckpt.read_pointer(run, ckpt.LAST).name == "step_00000009"
+    assert main(["train", "configs/toy.yaml", "train.max_stpes=3"]) == 2  # unknown key: one-line error
