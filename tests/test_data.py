@@ -243,3 +243,17 @@ def test_collate_adds_specials_and_pads_right():
 def test_collate_with_empty_sequences_and_other_ids():
     batch = collate([([], [])], pad_id=9, bos_id=7, eos_id=8)
     assert batch.src.tolist() == [[8]] and batch.tgt_in.tolist() == [[7]] and batch.tgt_out.tolist() == [[8]]
+
+
+def test_scan_counts_lines_and_finds_invalid_utf8_fast(tmp_path):
+    from transduce.textio import scan_text
+
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"\xef\xbb\xbfok\nbad \xff\nfine\nalso \xc3\x28 bad\nlast")
+    scan = scan_text(path)
+    assert (scan.lines, scan.invalid) == (5, 2)
+    assert scan.first_invalid == f"{path}, line 2: not valid UTF-8 (byte 0xff at column 5)"
+    path.write_bytes(b"\xef\xbb\xbf\xff\n")
+    assert scan_text(path).first_invalid == f"{path}, line 1: not valid UTF-8 (byte 0xff at column 1)"
+    with pytest.raises(DataError, match="column 1"):
+        list(read_lines(path))

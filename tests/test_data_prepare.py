@@ -152,6 +152,15 @@ def test_lowercase_and_separate_vocabularies_are_recorded(tmp_path):
     assert ParallelDataset(out, "train")[0][0].tolist() == tok.encode_src(src[0].upper())
 
 
+def test_the_vocabulary_sample_is_bounded(tmp_path, corpus, caplog):
+    with caplog.at_level(logging.INFO):
+        prepare(config(corpus, input_sentence_size=101), tmp_path / "joint")
+        prepare(config(corpus, input_sentence_size=101, joint_vocab=False), tmp_path / "separate")
+    assert "on 51 sampled pairs" in caplog.text  # joint: 101 sentences = 51 pairs, both sides
+    assert "on 101 sampled pairs" in caplog.text
+    assert ParallelDataset(tmp_path / "joint", "train").line_index.tolist() == list(range(400))  # all encoded
+
+
 def test_worker_processes_give_identical_output(tmp_path, corpus):
     one = prepare(config(corpus), tmp_path / "one")
     two = prepare(config(corpus, workers=2), tmp_path / "two")

@@ -18,12 +18,14 @@ import hashlib
 import sys
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from transduce.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def resolve_corpus_file(prefix: str | Path, lang: str) -> Path:
@@ -63,36 +65,35 @@ def open_binary(path: str | Path) -> BinaryIO:
 
 
 def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
-    """Decode one line (without its ``\\n``) as strict UTF-8, dropping a trailing ``\\r``.
+    """Decode one line (as :func:`iter_raw_lines` yields it) as strict UTF-8.
 
     Raises:
         DataError: ``path, line N: not valid UTF-8 (byte 0xff at column 7)``; the column counts bytes from 1.
     """
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(
             f"{path}, line {lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
         ) from None
-    if text.endswith("\r"):
-        text = text[:-1]
-    if lineno == 1 and text.startswith("\ufeff"):
-        text = text[1:]
-    return text
 
 
 def iter_raw_lines(path: str | Path) -> Iterator[bytes]:
-    """The lines of a plain or gzipped file as bytes, split on ``b"\\n"`` only, without the ``\\n``.
+    """The lines of a plain or gzipped file as bytes, split on ``b"\\n"`` only, without ``\\n`` or ``\\r\\n``.
 
-    A final line without a newline is yielded; an empty file yields nothing.
+    A UTF-8 byte-order mark at the start of the file is removed. A final line without a newline is yielded; an
+    empty file yields nothing.
 
     Raises:
         DataError: the file is missing or is a corrupt or truncated gzip file.
     """
     with open_binary(path) as f:
         try:
+            first = f.readline()
+            if first:
+                yield (first[3:] if first.startswith(UTF8_BOM) else first).rstrip(b"\r\n")
             for raw in f:  # binary iteration splits on b"\n" and nothing else
-                yield raw[:-1] if raw.endswith(b"\n") else raw
+                yield raw.rstrip(b"\r\n")  # one \n; \r of Windows line ends
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: corrupt or truncated gzip file ({e})") from None
 
@@ -120,15 +121,69 @@ def read_lines(path: str | Path, *, errors: str = "strict") -> Iterator[tuple[in
 
 def count_lines(path: str | Path) -> int:
     """The number of lines :func:`iter_raw_lines` yields for ``path``, counted in 1 MiB blocks."""
-    count, last = 0, b"\n"
+    return scan_text(path).lines
+
+
+@dataclass
+class TextScan:
+    """What :func:`scan_text` found in a file."""
+
+    lines: int  # lines as iter_raw_lines counts them
+    invalid: int  # lines that are not valid UTF-8
+    first_invalid: str  # the DataError message for the first of them ("" if none)
+
+
+def scan_text(path: str | Path) -> TextScan:
+    """Count the lines of a file and check that they are UTF-8, fast: 1 MiB blocks, no per-line Python work.
+
+    Raises:
+        DataError: the file is missing or is a corrupt or truncated gzip file.
+    """
+    lines = invalid = 0
+    first_invalid, tail = "", b""
     with open_binary(path) as f:
         try:
             while block := f.read(1 << 20):
-                count += block.count(b"\n")
-                last = block[-1:]
+                cut = block.rfind(b"\n") + 1
+                if not cut:
+                    tail += block
+                    continue
+                text, tail = tail + block[:cut], block[cut:]
+                bad = _invalid_lines(text)
+                if bad and not first_invalid:
+                    first_invalid = _utf8_message(text, bad[0], path, lines)
+                invalid += len(bad)
+                lines += text.count(b"\n")
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: corrupt or truncated gzip file ({e})") from None
-    return count + (last != b"\n")
+    if tail:
+        text = tail + b"\n"
+        bad = _invalid_lines(text)
+        if bad and not first_invalid:
+            first_invalid = _utf8_message(text, bad[0], path, lines)
+        invalid += len(bad)
+        lines += 1
+    return TextScan(lines, invalid, first_invalid)
+
+
+def _invalid_lines(text: bytes) -> list[int]:
+    """Byte offsets of the first bad byte of every line of ``text`` (whole lines) that is not UTF-8."""
+    bad, pos = [], 0
+    while pos < len(text):
+        try:
+            text[pos:].decode("utf-8")
+            break
+        except UnicodeDecodeError as e:
+            bad.append(pos + e.start)
+            pos = text.index(b"\n", pos + e.start) + 1  # resume at the next line
+    return bad
+
+
+def _utf8_message(text: bytes, offset: int, path: str | Path, lines_before: int) -> str:
+    line_start = text.rfind(b"\n", 0, offset) + 1
+    lineno = lines_before + text.count(b"\n", 0, offset) + 1
+    column = offset - line_start + 1 - (3 if lineno == 1 and text.startswith(UTF8_BOM) else 0)
+    return f"{path}, line {lineno}: not valid UTF-8 (byte 0x{text[offset]:02x} at column {column})"
 
 
 def sha256_file(path: str | Path) -> str:
@@ -157,12 +212,17 @@ def iter_raw_pairs(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple
                 return
             extra = 1 + sum(1 for _ in (tgt_it if s is None else src_it))
             n_src, n_tgt = (lineno, lineno + extra) if s is None else (lineno + extra, lineno)
-            raise DataError(
-                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: a parallel corpus needs one line "
-                "per sentence on both sides"
-            )
+            raise DataError(line_count_error(src_path, n_src, tgt_path, n_tgt))
         lineno += 1
         yield lineno, s, t
+
+
+def line_count_error(src_path: str | Path, n_src: int, tgt_path: str | Path, n_tgt: int) -> str:
+    """The message for two sides of a corpus with different numbers of lines."""
+    return (
+        f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: a parallel corpus needs one line per sentence "
+        "on both sides"
+    )
 
 
 def read_parallel(
@@ -208,10 +268,12 @@ __all__ = [
     "decode_line",
     "iter_raw_lines",
     "iter_raw_pairs",
+    "line_count_error",
     "open_binary",
     "read_lines",
     "read_parallel",
     "resolve_corpus_file",
+    "scan_text",
     "sha256_file",
     "write_lines",
 ]

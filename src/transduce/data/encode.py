@@ -79,6 +79,16 @@ def _decode(raw: bytes, path: str, lineno: int, lenient: bool) -> str | None:
         return None
 
 
+def _decode_all(raws: list[bytes], path: str, first_line: int, lenient: bool) -> list[str | None]:
+    """Decode lines at once (one ``decode`` call for the chunk); line by line only when something is not UTF-8."""
+    if not raws:
+        return []
+    try:
+        return b"\n".join(raws).decode("utf-8").split("\n")  # lines hold no \n: the split restores them exactly
+    except UnicodeDecodeError:
+        return [_decode(raw, path, first_line + k + 1, lenient) for k, raw in enumerate(raws)]
+
+
 def pair_hash(src: bytes, tgt: bytes) -> int:
     """An 8-byte hash of a raw pair (``\\n`` cannot occur inside a line, so it separates the sides safely)."""
     return int.from_bytes(hashlib.blake2b(src + b"\n" + tgt, digest_size=8).digest(), "little", signed=True)
@@ -95,24 +105,24 @@ def encode_chunk(chunk: Chunk) -> Encoded:
     opts: EncodeOptions = _state["options"]  # type: ignore[assignment]
     tok: Tokenizer = _state["tokenizer"]  # type: ignore[assignment]
     counts = dict.fromkeys(DROP_REASONS, 0)
-    lines, srcs, tgts, raws = [], [], [], []
-    for k, (s_raw, t_raw) in enumerate(zip(chunk.src, chunk.tgt)):
-        lineno = chunk.first_line + k + 1
-        s = _decode(s_raw, chunk.src_path, lineno, opts.skip_invalid_utf8)
-        t = _decode(t_raw, chunk.tgt_path, lineno, opts.skip_invalid_utf8)
+    src_texts = _decode_all(chunk.src, chunk.src_path, chunk.first_line, opts.skip_invalid_utf8)
+    tgt_texts = _decode_all(chunk.tgt, chunk.tgt_path, chunk.first_line, opts.skip_invalid_utf8)
+    kept, srcs, tgts = [], [], []
+    for k, (s, t) in enumerate(zip(src_texts, tgt_texts)):
         if s is None or t is None:
             counts["invalid_utf8"] += 1
             if chunk.train:
                 continue
-            s = s_raw.decode("utf-8", "replace") if s is None else s
-            t = t_raw.decode("utf-8", "replace") if t is None else t
+            s = chunk.src[k].decode("utf-8", "replace") if s is None else s
+            t = chunk.tgt[k].decode("utf-8", "replace") if t is None else t
         elif chunk.train and (not s.strip() or not t.strip()):
             counts["empty"] += 1
             continue
-        lines.append(lineno - 1)
+        kept.append(k)
         srcs.append(s)
         tgts.append(t)
-        raws.append((s_raw, t_raw))
+    lines = [chunk.first_line + k for k in kept]
+    raws = [(chunk.src[k], chunk.tgt[k]) for k in kept] if opts.dedup and chunk.train else []
     src, src_lens = _flat(tok.encode_src_batch(srcs))
     tgt, tgt_lens = _flat(tok.encode_tgt_batch(tgts))
     line_arr = np.asarray(lines, dtype=np.int64)
@@ -128,7 +138,7 @@ def encode_chunk(chunk: Chunk) -> Encoded:
         if not keep.all():
             src, tgt = src[np.repeat(keep, src_lens)], tgt[np.repeat(keep, tgt_lens)]
             src_lens, tgt_lens, line_arr = src_lens[keep], tgt_lens[keep], line_arr[keep]
-            raws = list(itertools.compress(raws, keep.tolist()))
+            raws = list(itertools.compress(raws, keep.tolist())) if raws else raws
     hashes = None
     if opts.dedup and chunk.train:
         hashes = np.fromiter((pair_hash(s, t) for s, t in raws), dtype=np.int64, count=len(raws))

@@ -56,7 +56,7 @@ from transduce.data.encode import (
 )
 from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
-from transduce.textio import decode_line, iter_raw_pairs, resolve_corpus_file, sha256_file
+from transduce.textio import iter_raw_pairs, line_count_error, resolve_corpus_file, scan_text, sha256_file
 from transduce.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -135,39 +135,10 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
 def _prepare_into(
     tmp: Path, cfg: DataConfig, corpora: dict[str, tuple[Path, Path]], inputs: dict, options: dict
 ) -> dict[str, Any]:
-    sample_pairs = -(-cfg.input_sentence_size // 2) if cfg.joint_vocab else cfg.input_sentence_size
-    sample: list[tuple[str, str]] = []
-    for split, (src, tgt) in corpora.items():
-        lines, usable = _check(src, tgt, cfg.skip_invalid_utf8, sample if split == "train" else None, sample_pairs)
-        inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = lines
-        if split == "train" and not usable:
-            raise DataError(f"{src} and {tgt}: no sentence pairs with text on both sides ({lines} lines)")
-
+    for split, (src, tgt) in corpora.items():  # every input is checked before any real work
+        inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(src, tgt, cfg.skip_invalid_utf8)
     workers = cfg.workers or os.cpu_count() or 1
-    log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
-    random.Random(SAMPLE_SEED).shuffle(sample)
-    if cfg.joint_vocab:
-        tok = Tokenizer.train(
-            tmp,
-            (s for pair in sample for s in pair),
-            vocab_size=cfg.vocab_size,
-            vocab_type=cfg.vocab_type,
-            lowercase=cfg.lowercase,
-            character_coverage=cfg.character_coverage,
-            threads=workers,
-        )
-    else:
-        tok = Tokenizer.train(
-            tmp,
-            (s for s, _ in sample),
-            (t for _, t in sample),
-            vocab_size=cfg.vocab_size,
-            vocab_type=cfg.vocab_type,
-            lowercase=cfg.lowercase,
-            character_coverage=cfg.character_coverage,
-            threads=workers,
-        )
-    del sample
+    tok = _train_vocabulary(tmp, cfg, *corpora["train"], inputs["train"]["src"]["lines"], workers)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
     enc_opts = EncodeOptions(str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup)
 
@@ -205,32 +176,57 @@ def _prepare_into(
     }
 
 
-def _check(src: Path, tgt: Path, skip_invalid: bool, sample: list | None, k: int) -> tuple[int, int]:
-    """Pass 1: line counts and UTF-8 of one pair of files; reservoir-sample ``k`` usable pairs into ``sample``.
+def _check(src: Path, tgt: Path, skip_invalid: bool) -> int:
+    """Pass 1: both files are UTF-8 (unless ``skip_invalid``) and have the same number of lines; returns it."""
+    counts = []
+    for path in (src, tgt):
+        scan = scan_text(path)
+        if scan.invalid and not skip_invalid:
+            raise DataError(f"{scan.first_invalid}; {UTF8_HINT}")
+        counts.append(scan.lines)
+    if counts[0] != counts[1]:
+        raise DataError(line_count_error(src, counts[0], tgt, counts[1]))
+    return counts[0]
 
-    Returns:
-        (lines, usable pairs: valid UTF-8 and text on both sides).
+
+def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: int, workers: int) -> Tokenizer:
+    """Train the tokenizer on a uniform sample of at most ``input_sentence_size`` training sentences.
+
+    The sampled line numbers are drawn first (the line count is known), then one lockstep pass picks them out:
+    memory is bounded by the sample, and only the sampled lines are decoded.
     """
+    k = -(-cfg.input_sentence_size // 2) if cfg.joint_vocab else cfg.input_sentence_size  # pairs
     rng = random.Random(SAMPLE_SEED)
-    lines = usable = 0
+    wanted = iter(sorted(rng.sample(range(lines), k)) if lines > k else range(lines))
+    sample: list[tuple[str, str]] = []
+    next_line = next(wanted, None)
     for lineno, s_raw, t_raw in iter_raw_pairs(src, tgt):
-        lines = lineno
+        if lineno - 1 != next_line:
+            continue
+        next_line = next(wanted, None)
         try:
-            s, t = decode_line(s_raw, src, lineno), decode_line(t_raw, tgt, lineno)
-        except DataError as e:
-            if skip_invalid:
-                continue
-            raise DataError(f"{e}; {UTF8_HINT}") from None
-        if not s.strip() or not t.strip():
-            continue
-        usable += 1
-        if sample is None:
-            continue
-        if len(sample) < k:  # reservoir sampling (algorithm R): a uniform sample of the usable pairs
+            s, t = s_raw.decode("utf-8"), t_raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # skip_invalid_utf8 (else _check has failed)
+        if s.strip() and t.strip():
             sample.append((s, t))
-        elif (j := rng.randrange(usable)) < k:
-            sample[j] = (s, t)
-    return lines, usable
+        if next_line is None:
+            break
+    if not sample:
+        where = f"{lines} lines" if lines <= k else f"none in a sample of {k} of {lines} lines"
+        raise DataError(f"{src} and {tgt}: no sentence pairs with text on both sides ({where})")
+    log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
+    rng.shuffle(sample)
+    options = dict(
+        vocab_size=cfg.vocab_size,
+        vocab_type=cfg.vocab_type,
+        lowercase=cfg.lowercase,
+        character_coverage=cfg.character_coverage,
+        threads=workers,
+    )
+    if cfg.joint_vocab:
+        return Tokenizer.train(tmp, (s for pair in sample for s in pair), **options)
+    return Tokenizer.train(tmp, (s for s, _ in sample), (t for _, t in sample), **options)
 
 
 def _chunks(split: str, src: Path, tgt: Path) -> Iterator[Chunk]:
