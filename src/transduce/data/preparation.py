@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import collections
 import importlib.metadata
-import json
 import logging
 import multiprocessing
 import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -54,6 +52,7 @@ from transduce.data.encode import (
     encode_chunk,
     init_worker,
 )
+from transduce.data.output import install, make_temp_dir, read_json, write_json
 from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
 from transduce.textio import iter_raw_pairs, line_count_error, resolve_corpus_file, scan_text, sha256_file
@@ -110,17 +109,12 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
             log.info("%s already holds this preparation (same inputs and options); reusing it", out_dir)
             return existing
         raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the prepared directory gets the usual permissions
+    tmp = make_temp_dir(out_dir)
     try:
         manifest = _prepare_into(tmp, cfg, corpora, inputs, options)
         manifest["seconds"] = round(time.perf_counter() - started, 2)
-        (tmp / MANIFEST_FILE).write_text(_json(manifest), encoding="utf-8")
-        _install(tmp, out_dir)
+        write_json(tmp / MANIFEST_FILE, manifest)  # last: its presence marks a complete directory
+        install(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -170,7 +164,7 @@ def _prepare_into(
         "options": options,
         "inputs": inputs,
         "special_ids": dict(SPECIAL_IDS),
-        "tokenizer": {**_read_json(tmp / "tokenizer.json")},
+        "tokenizer": read_json(tmp / "tokenizer.json"),
         "dtype": dtype.name,
         "splits": splits,
     }
@@ -364,57 +358,12 @@ def _existing_manifest(out_dir: Path) -> dict[str, Any] | None:
     Raises:
         DataError: ``out_dir`` is a non-empty directory (or a file) that is not a prepared directory.
     """
-    if not out_dir.exists():
+    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
         return None
-    if out_dir.is_dir() and not any(out_dir.iterdir()):
-        return None
-    manifest_path = out_dir / MANIFEST_FILE
-    if manifest_path.is_file():
-        manifest = _read_json(manifest_path)
+    if (out_dir / MANIFEST_FILE).is_file():
+        manifest = read_json(out_dir / MANIFEST_FILE)
         if manifest.get("format") == FORMAT and all(
             (out_dir / name).is_file() for info in manifest["splits"].values() for name in info["files"].values()
         ):
             return manifest
     raise DataError(f"{out_dir} exists and is not a prepared directory; refusing to overwrite it")
-
-
-def _install(tmp: Path, out_dir: Path) -> None:
-    """Move the finished ``tmp`` to ``out_dir``; an earlier preparation there is moved aside, then deleted."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-{os.getpid()}-", dir=out_dir.parent))
-        os.replace(out_dir, old / "old")
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)  # atomic; replaces an empty directory
-
-
-def _remove_stale(out_dir: Path) -> None:
-    """Delete temporary directories of earlier runs on ``out_dir`` whose process no longer exists."""
-    for path in out_dir.parent.glob(f".{out_dir.name}.*-*-*"):
-        kind, _, rest = path.name[len(out_dir.name) + 2 :].partition("-")
-        pid = rest.partition("-")[0]
-        if kind in ("tmp", "old") and pid.isdigit() and not _alive(int(pid)):
-            log.info("removing %s left by an interrupted run", path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read ({e})") from None
-
-
-def _json(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2) + "\n"
