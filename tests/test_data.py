@@ -257,3 +257,13 @@ def test_scan_counts_lines_and_finds_invalid_utf8_fast(tmp_path):
     assert scan_text(path).first_invalid == f"{path}, line 1: not valid UTF-8 (byte 0xff at column 1)"
     with pytest.raises(DataError, match="column 1"):
         list(read_lines(path))
+
+
+def test_standard_input_is_read_the_same_way_and_left_open(monkeypatch):
+    import io
+    import sys
+
+    stdin = io.TextIOWrapper(io.BytesIO("one\u2028still one\r\ntwo\n".encode()))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert list(read_lines("-")) == [(1, "one\u2028still one"), (2, "two")]
+    assert not stdin.buffer.closed

@@ -169,6 +169,21 @@ def test_worker_processes_give_identical_output(tmp_path, corpus):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
+def test_dataset_sampler_and_collate_in_a_dataloader(tmp_path, corpus):
+    import torch.utils.data
+
+    from transduce.data import collate
+
+    prepare(config(corpus), tmp_path / "out")
+    ds = ParallelDataset(tmp_path / "out", "train")
+    sampler = TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, 600, seed=1)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate)
+    batches = list(loader)
+    assert len(batches) == len(sampler)
+    assert sum(len(b) for b in batches) == 400 == sum(int((b.tgt_out == 2).sum()) for b in batches)
+    assert all(b.src.numel() <= 600 and b.tgt_in.numel() <= 600 for b in batches)
+
+
 def test_dataset_pickles_and_reopens_its_maps(tmp_path, corpus):
     prepare(config(corpus), tmp_path / "out")
     ds = ParallelDataset(tmp_path / "out", "train")

@@ -13,6 +13,7 @@ Translation reads its input with the same helpers, so a bad byte is reported the
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import sys
@@ -87,7 +88,8 @@ def iter_raw_lines(path: str | Path) -> Iterator[bytes]:
     Raises:
         DataError: the file is missing or is a corrupt or truncated gzip file.
     """
-    with open_binary(path) as f:
+    f = open_binary(path)
+    with f if f is not sys.stdin.buffer else contextlib.nullcontext(f):  # never close standard input
         try:
             first = f.readline()
             if first:

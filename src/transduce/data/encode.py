@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import multiprocessing
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +68,8 @@ _state: dict[str, object] = {}  # per process: the options and the loaded tokeni
 
 def init_worker(options: EncodeOptions) -> None:
     """Pool initializer: load the tokenizer once per process."""
+    if multiprocessing.parent_process() is not None:  # a pool worker: Ctrl-C is the parent's to handle
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _state["options"] = options
     _state["tokenizer"] = Tokenizer.load(Path(options.tokenizer_dir))
 

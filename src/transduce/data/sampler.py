@@ -77,8 +77,7 @@ class TokenBatchSampler:
         self._start = 0  # position at which the next __iter__ starts
         self._position = 0  # batches yielded by the current iteration
 
-        tiebreak = np.random.default_rng(seed).permutation(len(src)) if shuffle else np.arange(len(src))
-        self._order = np.lexsort((tiebreak, src, tgt, np.maximum(src, tgt)))  # the last key sorts first
+        self._order = _length_order(src, tgt, seed if shuffle else None)
         self._bounds = _greedy_bounds(src[self._order] + 1, tgt[self._order] + 1, max_tokens, max_sentences)
         self._bounds = _split_until_divisible(self._bounds, world_size)
         oversized = int(np.count_nonzero(np.maximum(src, tgt) + 1 > max_tokens))
@@ -152,6 +151,17 @@ class TokenBatchSampler:
             if state[key] != getattr(self, key):
                 raise ValueError(f"cannot resume batching: {key} was {state[key]}, now {getattr(self, key)}")
         self.epoch, self._start, self._position = state["epoch"], state["position"], state["position"]
+
+
+def _length_order(src: np.ndarray, tgt: np.ndarray, seed: int | None) -> np.ndarray:
+    """Indices sorted by (longer side, target, source length, a seeded random tiebreak, or the index)."""
+    n = len(src)
+    tiebreak = np.random.default_rng(seed).permutation(n) if seed is not None else np.arange(n)
+    base = int(max(src.max(initial=0), tgt.max(initial=0))) + 1
+    if base**3 * max(n, 1) < 2**62:  # one int64 key: a single argsort, a quarter of lexsort's memory
+        key = (np.maximum(src, tgt) * base + tgt) * base + src
+        return np.argsort(key * n + tiebreak, kind="stable")
+    return np.lexsort((tiebreak, src, tgt, np.maximum(src, tgt)))  # the last key sorts first
 
 
 def _greedy_bounds(src_cost: np.ndarray, tgt_cost: np.ndarray, max_tokens: int, max_sentences: int) -> np.ndarray:
