@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,22 @@ def test_end_to_end_in_a_subprocess(tmp_path):
     assert "train: read 300 pairs, kept 300" in done.stderr
     done = subprocess.run([*argv[:-1], "100"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("transduce prepare: error: ")
+
+
+@pytest.mark.slow
+def test_a_killed_prepare_leaves_no_output_and_the_rerun_cleans_up(tmp_path):
+    train = write(tmp_path, "train", n=40_000)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "transduce.cli", "prepare", "--train", train, "--out", str(out), "--vocab-size",
+            "300", "--workers", "1"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.tmp-*/train.src.bin")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.kill()  # SIGKILL: no chance to clean up
+    proc.wait()
+    if proc.returncode == 0:
+        pytest.skip("prepare finished before it could be killed")
+    assert not out.exists()
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "train.de", "train.en"]
