@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,6 +91,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_prepare(cfg: dict, out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)  # else prepare would reuse it and measure nothing
     argv = [sys.executable, __file__, "--child", json.dumps(cfg), "--out", str(out)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode:
