@@ -1,0 +1,60 @@
+"""Searching for translations: pure functions over a model and an encoded batch of source sentences.
+
+- :func:`beam_search`: the paper's decoding (beam 4, GNMT length penalty 0.6, input length + 50), batched over
+  sentences x beams with the KV cache; n-best lists.
+- :func:`greedy_search`, :func:`sample` (temperature, top-k, top-p).
+- :func:`generate`: one entry point driven by a :class:`transduce.config.DecodeConfig`.
+- :func:`rescore`: the log-probability of given hypotheses by one full forward pass.
+
+Lengths, scores and the ids conventions are described in :mod:`transduce.search.common`. The model must be in eval
+mode (searches never change it); every search runs under ``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transduce.config import DecodeConfig
+from transduce.search.beam import beam_search, beam_step
+from transduce.search.common import Hypothesis, SearchModel, length_penalty, max_lengths, rescore
+from transduce.search.greedy import filter_logits, greedy_search, sample
+
+__all__ = [
+    "Hypothesis",
+    "SearchModel",
+    "beam_search",
+    "beam_step",
+    "filter_logits",
+    "generate",
+    "greedy_search",
+    "length_penalty",
+    "max_lengths",
+    "rescore",
+    "sample",
+]
+
+
+def generate(
+    model: SearchModel, src: Tensor, cfg: DecodeConfig, *, generator: torch.Generator | None = None
+) -> list[list[Hypothesis]]:
+    """Decode a batch as ``cfg`` says: sampling when ``cfg.sampling``, greedy when ``cfg.beam == 1``, else beam search.
+
+    Args:
+        model: a :class:`SearchModel` in eval mode.
+        src: (B, S) source ids, right-padded, each row ending with EOS.
+        cfg: the decoding configuration.
+        generator: random generator for sampling.
+    Returns:
+        For each sentence, a list of hypotheses, best first (``cfg.nbest`` of them; one for greedy).
+    """
+    lengths = dict(max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len)
+    common = dict(length_penalty=cfg.length_penalty, no_repeat_ngram=cfg.no_repeat_ngram, **lengths)
+    if cfg.sampling:
+        return sample(
+            model, src, num_samples=cfg.nbest, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+            generator=generator, **common,
+        )  # fmt: skip
+    if cfg.beam == 1:
+        return [[h] for h in greedy_search(model, src, **common)]
+    return beam_search(model, src, beam=cfg.beam, nbest=cfg.nbest, **common)

@@ -1,0 +1,190 @@
+"""Beam search as the paper decodes (§6.1), batched over sentences x beams.
+
+Each step extends every live hypothesis of every sentence by one token with one decoder call over the KV cache.
+The step policy :func:`beam_step` takes the top ``2 * beam`` candidates of each sentence, so that even when up to
+``beam`` of them end with EOS there are still ``beam`` live continuations (fairseq's rule: EOS never starves the
+beam). EOS candidates ranked within the top ``beam`` become finished hypotheses; the best ``beam`` non-EOS candidates
+stay live. After every selection the cache is re-indexed with the beam each survivor came from; a sentence is done,
+and dropped from the batch (cache and memory rows included), when no live hypothesis can beat its finished ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transduce.model.cache import DecoderCache
+from transduce.search.common import (
+    NEG_INF,
+    Hypothesis,
+    SearchModel,
+    check_length_penalty,
+    constrain,
+    final_score,
+    max_lengths,
+)
+from transduce.search.common import length_penalty as gnmt_penalty
+
+
+def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The beam search step policy: the best ``size`` one-token extensions of each sentence's beams.
+
+    Args:
+        log_probs: (N, beam, V) log-probabilities of the next token (-inf where not allowed).
+        scores: (N, beam) cumulative log-probabilities of the live hypotheses (-inf for empty beam slots).
+        size: how many candidates to return per sentence (2 * beam in beam search); at most beam * V.
+    Returns:
+        ``(scores, tokens, beams)``, each (N, size), sorted by score (descending): the cumulative log-probability of
+        each candidate, its last token and the beam it extends. Candidates with score -inf are not valid.
+    """
+    n, beam, vocab = log_probs.shape
+    total = (scores[:, :, None] + log_probs).view(n, beam * vocab)
+    top_scores, flat = total.topk(min(size, beam * vocab), dim=1)
+    return top_scores, flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
+
+
+def reorder_beams(cache: Any, index: Tensor) -> Any:
+    """``cache.reorder(index)`` for an ``index`` that only moves rows between beams of the same sentence.
+
+    For the model's :class:`DecoderCache` only the self-attention keys/values are re-indexed: the cross-attention
+    ones are identical across a sentence's beams, so moving them would copy (rows, h, S, d_k) per layer per step for
+    nothing (it was ~30% of beam search time on the benchmark). Other caches are reordered as they define.
+    """
+    if type(cache) is DecoderCache:
+        self_kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in cache.self_kv)
+        return DecoderCache(self_kv, cache.cross_kv, cache.memory_mask)
+    return cache.reorder(index)
+
+
+class _Finished:
+    """The best ``capacity`` finished hypotheses of each sentence, kept sorted by score (best first)."""
+
+    def __init__(self, n: int, capacity: int, device: torch.device):
+        self.capacity = capacity
+        self.hyps: list[list[Hypothesis]] = [[] for _ in range(n)]
+        self.count = torch.zeros(n, dtype=torch.long, device=device)  # by original sentence index
+        self.worst = torch.full((n,), NEG_INF, device=device)  # score of the capacity-th best, -inf until full
+
+    def add(self, sentence: int, hyp: Hypothesis) -> None:
+        hyps = self.hyps[sentence]
+        hyps.append(hyp)
+        hyps.sort(key=lambda h: -h.score)
+        del hyps[self.capacity :]
+        self.count[sentence] = len(hyps)
+        if len(hyps) == self.capacity:
+            self.worst[sentence] = hyps[-1].score
+
+
+@torch.inference_mode()
+def beam_search(
+    model: SearchModel,
+    src: Tensor,
+    *,
+    beam: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    min_len: int = 0,
+    no_repeat_ngram: int = 0,
+    nbest: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search over a batch of source sentences. See :mod:`transduce.search.common` for lengths and scores.
+
+    Args:
+        model: a :class:`SearchModel` in eval mode.
+        src: (B, S) source ids, right-padded, each row ending with EOS.
+        beam: beam size (the paper: 4).
+        length_penalty: GNMT alpha (the paper: 0.6); 0 ranks by raw log-probability.
+        max_len_a, max_len_b: the maximum output length is ``floor(a * src_len + b)`` tokens before EOS.
+        min_len: no EOS before this many tokens.
+        no_repeat_ngram: block repeated n-grams of this size (0: off).
+        nbest: hypotheses returned per sentence (at most ``beam``).
+        use_cache: False re-runs the decoder over the whole prefix every step (for the cache equivalence test).
+    Returns:
+        For each sentence, its ``nbest`` best hypotheses, best first.
+    """
+    if beam < 1 or not 1 <= nbest <= beam:
+        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
+    check_length_penalty(length_penalty)
+    cfg = model.config
+    device = src.device
+    n = src.shape[0]
+    if n == 0:
+        return []
+    alpha = length_penalty
+    limit = max_lengths(model, src, max_len_a, max_len_b)  # (n,) by original sentence
+    finished = _Finished(n, beam, device)
+
+    memory = model.encode(src)
+    expand = torch.arange(n, device=device).repeat_interleave(beam)  # row r belongs to sentence r // beam
+    cache: Any = model.init_cache(memory).reorder(expand) if use_cache else None  # cross K/V computed once each
+    memory = memory.index_select(expand)
+    alive = torch.arange(n, device=device)  # original index of each sentence still in the batch
+    scores = torch.full((n, beam), NEG_INF, device=device)
+    scores[:, 0] = 0.0  # all beams start identical: only the first may be extended at step 0
+    history = torch.empty(n * beam, 0, dtype=torch.long, device=device)  # (rows, step) generated tokens
+    bos = torch.full((n * beam, 1), cfg.bos_id, dtype=torch.long, device=device)
+    tokens_in = bos
+    row_limit = limit.repeat_interleave(beam)
+    beam_offsets = torch.arange(2 * beam, device=device)
+
+    step = 0
+    while True:
+        if use_cache:
+            logits, cache = model.decode(tokens_in, memory, cache)
+        else:
+            logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (rows, V)
+        constrain(
+            log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
+            no_repeat_ngram=no_repeat_ngram,
+        )  # fmt: skip
+        m = alive.shape[0]
+        cand_scores, cand_tokens, cand_beams = beam_step(log_probs.view(m, beam, -1), scores, 2 * beam)
+        cand_eos = cand_tokens.eq(cfg.eos_id)
+
+        # EOS candidates within the top `beam` (and valid) become finished hypotheses
+        finalize = cand_eos[:, :beam] & torch.isfinite(cand_scores[:, :beam])
+        if bool(finalize.any()):
+            idx = finalize.nonzero().tolist()
+            sents = alive[[i for i, _ in idx]].tolist()
+            for (i, r), sent in zip(idx, sents):
+                row = i * beam + int(cand_beams[i, r])
+                lp = float(cand_scores[i, r])
+                finished.add(sent, Hypothesis(history[row].tolist(), final_score(lp, step + 1, alpha), lp))
+
+        # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
+        rank = torch.where(cand_eos, beam_offsets + 2 * beam, beam_offsets)
+        pick = rank.topk(beam, dim=1, largest=False).indices  # (m, beam), in score order
+        scores = cand_scores.gather(1, pick)
+        source_rows = (torch.arange(m, device=device)[:, None] * beam + cand_beams.gather(1, pick)).view(-1)
+        tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
+        history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
+        if use_cache:
+            cache = reorder_beams(cache, source_rows)
+        step += 1
+
+        # done: no live hypothesis left, or `beam` finished ones that no live one can beat. The best a live
+        # hypothesis can do is keep its log-probability and reach the longest length (the penalty divides it).
+        best_live = scores[:, 0]
+        sent_limit = limit.index_select(0, alive)
+        bound = best_live / gnmt_penalty(sent_limit.float() + 1, alpha) if alpha > 0 else best_live
+        done = torch.isinf(best_live) | (
+            finished.count.index_select(0, alive).ge(beam) & (bound <= finished.worst.index_select(0, alive))
+        )
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            rows = (keep[:, None] * beam + torch.arange(beam, device=device)).view(-1)
+            alive, scores = alive.index_select(0, keep), scores.index_select(0, keep)
+            history, tokens_in = history.index_select(0, rows), tokens_in.index_select(0, rows)
+            row_limit = row_limit.index_select(0, rows)
+            memory = memory.index_select(rows)
+            if use_cache:
+                cache = cache.select(rows)
+
+    return [hyps[:nbest] for hyps in finished.hyps]

@@ -1,0 +1,180 @@
+"""What every search shares: the hypothesis value, the model protocol, lengths, the length penalty, the constraints
+on the next token (special ids, minimum and maximum length, repeated n-grams) and the full-forward rescoring.
+
+Conventions (for every function of :mod:`transduce.search`):
+
+- ``src`` is a (B, S) batch of source ids, right-padded with ``config.pad_id``, each row ending with EOS.
+- The decoder starts from BOS; a hypothesis's ``tokens`` exclude BOS and the final EOS. Every hypothesis ends with EOS:
+  when the maximum length is reached EOS is forced, and its (possibly low) log-probability is counted.
+- ``log_prob`` is the sum of the model's log-probabilities of ``tokens + [EOS]`` (the unmodified distribution:
+  constraints and temperature only decide what may be chosen). ``score`` is ``log_prob / lp(|Y|)`` with the GNMT
+  penalty ``lp(|Y|) = ((5 + |Y|) / 6) ** alpha`` when alpha > 0, else ``log_prob``. ``|Y|`` counts the EOS, as in
+  tensor2tensor, the implementation the paper used.
+- The maximum output length is ``floor(max_len_a * src_len + max_len_b)`` tokens before the EOS, where ``src_len``
+  counts the real source tokens (neither padding nor EOS): the paper's "input length + 50" with a = 1, b = 50.
+  Models with learned positions are capped at ``max_positions - 1`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One output of a search.
+
+    Attributes:
+        tokens: generated ids, without BOS and without the final EOS.
+        score: ``log_prob`` divided by the length penalty when alpha > 0, else ``log_prob``; the ranking score.
+        log_prob: sum of the model's log-probabilities of ``tokens`` and the final EOS.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+class SearchModel(Protocol):
+    """What a search needs from a model: :class:`transduce.model.Transformer` implements it, and so does the test
+    oracle. ``config`` has ``pad_id``, ``bos_id``, ``eos_id`` and ``tgt_vocab_size``; the cache returned by
+    ``init_cache`` / ``decode`` has ``reorder(index)`` and ``select(index)`` returning new caches."""
+
+    config: Any
+
+    def encode(self, src: Tensor) -> Any: ...
+
+    def init_cache(self, memory: Any) -> Any: ...
+
+    def decode(self, tgt: Tensor, memory: Any, cache: Any = None) -> tuple[Tensor, Any]: ...
+
+
+def length_penalty(length: int | float | Tensor, alpha: float) -> Any:
+    """The GNMT length penalty ``((5 + length) / 6) ** alpha`` (1 when alpha is 0)."""
+    if alpha == 0:
+        return 1.0 if not isinstance(length, Tensor) else torch.ones_like(length, dtype=torch.float32)
+    return ((5 + length) / 6) ** alpha
+
+
+def final_score(log_prob: float, length: int, alpha: float) -> float:
+    """Score of a finished hypothesis of ``length`` tokens, EOS included."""
+    return log_prob / length_penalty(length, alpha) if alpha > 0 else log_prob
+
+
+def source_lengths(src: Tensor, config: Any) -> Tensor:
+    """Real source tokens per sentence (neither padding nor EOS).
+
+    Shape: src (B, S) -> (B,) long.
+    """
+    return (src.ne(config.pad_id) & src.ne(config.eos_id)).sum(dim=1)
+
+
+def max_lengths(model: SearchModel, src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+    """The largest number of tokens (EOS excluded) each sentence may get: ``floor(a * src_len + b)``.
+
+    Shape: src (B, S) -> (B,) long.
+    """
+    lengths = torch.floor(source_lengths(src, model.config).double() * max_len_a + max_len_b).long()
+    if getattr(model.config, "positions", None) == "learned":  # decoder inputs BOS + tokens use positions 0..len
+        lengths = lengths.clamp(max=model.config.max_positions - 1)
+    return lengths.clamp(min=0)
+
+
+def constrain(
+    log_probs: Tensor,
+    step: int,
+    *,
+    config: Any,
+    max_len: Tensor,
+    min_len: int,
+    history: Tensor,
+    no_repeat_ngram: int,
+) -> Tensor:
+    """Mask (to -inf, in place) the tokens that may not come next; the others keep their log-probability.
+
+    Rules: PAD and BOS are never generated; EOS not before ``min_len`` tokens; only EOS once ``max_len`` tokens are
+    generated (this wins over ``min_len``); no n-gram of size ``no_repeat_ngram`` twice in a hypothesis.
+
+    Args:
+        log_probs: (R, V) log-probabilities of the next token for R rows.
+        step: tokens generated so far (the same for every row).
+        max_len: (R,) long, the maximum length of each row's sentence.
+        history: (R, step) the tokens generated so far.
+    Returns:
+        ``log_probs``, modified.
+    """
+    eos = config.eos_id
+    eos_lp = log_probs[:, eos].clone()
+    log_probs[:, config.pad_id] = NEG_INF
+    log_probs[:, config.bos_id] = NEG_INF
+    if step < min_len:
+        log_probs[:, eos] = NEG_INF
+    if no_repeat_ngram > 0 and step >= no_repeat_ngram:
+        block_repeated_ngrams(log_probs, history, no_repeat_ngram, fill_id=config.pad_id)
+    force = max_len <= step  # (R,)
+    if bool(force.any()):
+        log_probs.masked_fill_(force[:, None], NEG_INF)
+        log_probs[:, eos] = torch.where(force, eos_lp, log_probs[:, eos])
+    return log_probs
+
+
+def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int, *, fill_id: int) -> None:
+    """Set to -inf every token that would complete an n-gram already present in its row's history.
+
+    Args:
+        log_probs: (R, V), modified in place.
+        history: (R, T) generated tokens, T >= n.
+        n: n-gram size.
+        fill_id: an id already masked (e.g. PAD) used as a harmless scatter target where nothing is banned.
+    """
+    if n == 1:
+        log_probs.scatter_(1, history, NEG_INF)
+        return
+    windows = history.unfold(1, n, 1)  # (R, T - n + 1, n): every n-gram so far
+    suffix = history[:, history.shape[1] - (n - 1) :]  # (R, n - 1): the prefix the next token would complete
+    match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (R, T - n + 1)
+    banned = torch.where(match, windows[:, :, -1], torch.full_like(windows[:, :, -1], fill_id))
+    log_probs.scatter_(1, banned, NEG_INF)
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> Tensor:
+    """Right-pad lists of ids into a (B, max_len) long tensor."""
+    width = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+    return out.to(device)
+
+
+@torch.inference_mode()
+def rescore(model: SearchModel, src: Tensor, hypotheses: Sequence[Sequence[int]]) -> list[float]:
+    """Sum of the log-probabilities of ``tokens + [EOS]`` for one hypothesis per source row, by one full
+    (teacher-forced, uncached) decoder pass: the reference the searches' incremental scores are tested against.
+
+    Args:
+        src: (B, S) source ids.
+        hypotheses: B token lists (without BOS/EOS).
+    Returns:
+        B log-probabilities.
+    """
+    cfg = model.config
+    tgt_in = pad_sequences([[cfg.bos_id, *h] for h in hypotheses], cfg.pad_id, src.device)
+    target = pad_sequences([[*h, cfg.eos_id] for h in hypotheses], cfg.pad_id, src.device)
+    memory = model.encode(src)
+    logits, _ = model.decode(tgt_in, memory, None)
+    lp = torch.log_softmax(logits.float(), dim=-1).gather(2, target[:, :, None]).squeeze(2)  # (B, T)
+    lp = lp.masked_fill(target.eq(cfg.pad_id), 0.0)
+    return [float(x) for x in lp.sum(dim=1).double()]
+
+
+def check_length_penalty(alpha: float) -> None:
+    if not (alpha >= 0 and math.isfinite(alpha)):
+        raise ValueError(f"length_penalty must be a finite number >= 0, got {alpha!r}")

@@ -1,0 +1,169 @@
+"""Greedy decoding and sampling: one hypothesis per row, extended one token per step over the KV cache; rows that
+produce EOS are dropped from the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transduce.search.common import (
+    NEG_INF,
+    Hypothesis,
+    SearchModel,
+    check_length_penalty,
+    constrain,
+    final_score,
+    max_lengths,
+)
+
+Picker = Callable[[Tensor], Tensor]  # (R, V) masked log-probabilities -> (R,) chosen ids
+
+
+def _decode_rows(
+    model: SearchModel,
+    src: Tensor,
+    pick: Picker,
+    *,
+    copies: int,
+    length_penalty: float,
+    max_len_a: float,
+    max_len_b: int,
+    min_len: int,
+    no_repeat_ngram: int,
+) -> list[Hypothesis]:
+    """Extend ``copies`` rows per sentence until each produces EOS; returns the rows' hypotheses in row order
+    (sentence-major)."""
+    check_length_penalty(length_penalty)
+    cfg = model.config
+    device = src.device
+    rows = src.shape[0] * copies
+    if rows == 0:
+        return []
+    memory = model.encode(src)
+    expand = torch.arange(src.shape[0], device=device).repeat_interleave(copies)
+    cache: Any = model.init_cache(memory).reorder(expand)
+    memory = memory.index_select(expand)
+    row_limit = max_lengths(model, src, max_len_a, max_len_b).index_select(0, expand)
+    alive = torch.arange(rows, device=device)
+    history = torch.empty(rows, 0, dtype=torch.long, device=device)
+    log_prob = torch.zeros(rows, dtype=torch.float64, device=device)
+    tokens_in = torch.full((rows, 1), cfg.bos_id, dtype=torch.long, device=device)
+    out: list[Hypothesis | None] = [None] * rows
+    step = 0
+    while True:
+        logits, cache = model.decode(tokens_in, memory, cache)
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)
+        constrain(
+            log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
+            no_repeat_ngram=no_repeat_ngram,
+        )  # fmt: skip
+        chosen = pick(log_probs)  # (R,)
+        log_prob += log_probs.gather(1, chosen[:, None]).squeeze(1).double()
+        ended = chosen.eq(cfg.eos_id)
+        if bool(ended.any()):
+            idx = ended.nonzero().squeeze(1)
+            for i, row, lp in zip(idx.tolist(), alive[idx].tolist(), log_prob[idx].tolist()):
+                out[row] = Hypothesis(history[i].tolist(), final_score(lp, step + 1, length_penalty), lp)
+            keep = (~ended).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            alive, history, log_prob = alive[keep], history[keep], log_prob[keep]
+            chosen, row_limit = chosen[keep], row_limit[keep]
+            memory, cache = memory.index_select(keep), cache.select(keep)
+        tokens_in = chosen[:, None]
+        history = torch.cat([history, tokens_in], dim=1)
+        step += 1
+    return out  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: SearchModel,
+    src: Tensor,
+    *,
+    length_penalty: float = 0.0,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    min_len: int = 0,
+    no_repeat_ngram: int = 0,
+) -> list[Hypothesis]:
+    """The most likely next token at every step.
+
+    Args:
+        model: a :class:`SearchModel` in eval mode.
+        src: (B, S) source ids, right-padded, each row ending with EOS.
+        length_penalty: only changes the reported ``score`` (GNMT alpha), never the tokens.
+        max_len_a, max_len_b, min_len, no_repeat_ngram: as for :func:`transduce.search.beam_search`.
+    Returns:
+        One hypothesis per sentence.
+    """
+    return _decode_rows(
+        model, src, lambda lp: lp.argmax(dim=-1), copies=1, length_penalty=length_penalty, max_len_a=max_len_a,
+        max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+    )  # fmt: skip
+
+
+def filter_logits(log_probs: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Temperature, top-k and nucleus (top-p) filtering of next-token log-probabilities.
+
+    Args:
+        log_probs: (R, V).
+        temperature: divides the log-probabilities (> 0).
+        top_k: keep the k most likely tokens (0: all).
+        top_p: keep the smallest set of most likely tokens whose probability reaches ``top_p`` (1: all).
+    Returns:
+        (R, V) logits to sample from (-inf where filtered out); the most likely token always survives.
+    """
+    logits = log_probs / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p  # mass before this token already reaches top_p
+        logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), NEG_INF)
+    return logits
+
+
+@torch.inference_mode()
+def sample(
+    model: SearchModel,
+    src: Tensor,
+    *,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    length_penalty: float = 0.0,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    min_len: int = 0,
+    no_repeat_ngram: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[list[Hypothesis]]:
+    """Ancestral sampling with temperature, top-k and top-p. Scores are the model's own log-probabilities of the
+    sampled tokens (temperature and filtering only decide what is drawn).
+
+    Args:
+        num_samples: samples per sentence.
+        generator: a seeded ``torch.Generator`` for reproducible samples.
+    Returns:
+        For each sentence, its samples sorted by score, best first.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+    def pick(log_probs: Tensor) -> Tensor:
+        logits = filter_logits(log_probs, temperature=temperature, top_k=top_k, top_p=top_p)
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+    rows = _decode_rows(
+        model, src, pick, copies=num_samples, length_penalty=length_penalty, max_len_a=max_len_a,
+        max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+    )  # fmt: skip
+    groups = [rows[i : i + num_samples] for i in range(0, len(rows), num_samples)]
+    return [sorted(g, key=lambda h: -h.score) for g in groups]

@@ -1,0 +1,114 @@
+"""Helpers for the decoding tests: a character-level tokenizer and a tiny model trained in seconds to reverse
+strings, so that translation can be checked for exactness without a real corpus."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+from collections.abc import Iterable
+
+import torch
+
+from transduce.config import ModelConfig
+from transduce.model import Transformer
+from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
+
+ALPHABET = "abcdefgh"
+
+
+class CharTokenizer:
+    """One id per character of ``alphabet`` (after the four special ids); anything else is UNK. Implements the
+    tokenizer methods the Translator uses."""
+
+    def __init__(self, alphabet: str = ALPHABET):
+        self.alphabet = alphabet
+        self.ids = {c: i + 4 for i, c in enumerate(alphabet)}
+        self.pieces = [PAD, BOS, EOS, UNK, *alphabet]
+
+    @property
+    def src_vocab_size(self) -> int:
+        return len(self.pieces)
+
+    tgt_vocab_size = src_vocab_size
+
+    def encode_src(self, text: str) -> list[int]:
+        return [self.ids.get(c, UNK_ID) for c in text if not c.isspace()]
+
+    encode_tgt = encode_src
+
+    def decode_tgt(self, ids: Iterable[int]) -> str:
+        out = []
+        for i in ids:
+            if i == EOS_ID:
+                break
+            if i >= 4:
+                out.append(self.pieces[i])
+            elif i == UNK_ID:
+                out.append("?")
+        return "".join(out)
+
+    def src_pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self.pieces[i] for i in ids]
+
+    tgt_pieces = src_pieces
+
+
+def task_batch(
+    rng: random.Random, n: int, max_len: int = 8, *, reverse: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``n`` random strings over the alphabet and their reversals (or copies): (src, tgt_in, tgt_out) tensors."""
+    srcs = [[rng.randrange(4, 4 + len(ALPHABET)) for _ in range(rng.randint(1, max_len))] for _ in range(n)]
+    width = max_len + 1
+
+    def pad(rows: list[list[int]]) -> torch.Tensor:
+        return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows])
+
+    return (
+        pad([[*s, EOS_ID] for s in srcs]),
+        pad([[BOS_ID, *(s[::-1] if reverse else s)] for s in srcs]),
+        pad([[*(s[::-1] if reverse else s), EOS_ID] for s in srcs]),
+    )
+
+
+def train_task_model(
+    steps: int = 400, *, reverse: bool = True, max_len: int = 8, batch: int = 128, lr: float = 5e-3, seed: int = 0
+) -> Transformer:
+    """A small Transformer (2+2 layers, d_model 64) trained with plain Adam to reverse (or copy) strings of 1-8
+    letters. Runs single-threaded: on a busy 2-core machine OpenMP threads spinning against each other are >10x
+    slower than one thread."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    vocab = len(ALPHABET) + 4
+    cfg = ModelConfig.preset("test", src_vocab_size=vocab, tgt_vocab_size=vocab, dropout=0.0, d_model=64, d_ff=128)
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
+    model.train()
+    with one_thread():
+        for _ in range(steps):
+            src, tgt_in, tgt_out = task_batch(rng, batch, max_len, reverse=reverse)
+            logits = model(src, tgt_in)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    return model.eval()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch single-threaded (tiny tensors gain nothing from threads, and lose a lot on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def reversal_model() -> Transformer:
+    """The reversal model, trained once per test process and shared by the test files (do not modify it)."""
+    return train_task_model()

@@ -1,0 +1,333 @@
+"""Search tests: an oracle decoder with hand-written probability tables (exact hypotheses and scores), then
+equivalences on random models (cache == no cache, beam 1 == greedy, scores == recomputed log-probabilities,
+batched == one by one) and a trained reversal model (exact output)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from decodekit import one_thread, reversal_model, task_batch
+from transduce.config import DecodeConfig, ModelConfig
+from transduce.model import Memory, Transformer
+from transduce.search import (
+    Hypothesis,
+    beam_search,
+    beam_step,
+    filter_logits,
+    generate,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+    rescore,
+    sample,
+)
+from transduce.special import BOS_ID, EOS_ID, PAD_ID
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+A, B, C = 4, 5, 6  # oracle vocabulary: pad, bos, eos, unk, a, b, c
+VOCAB = 7
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the oracle: probability tables keyed by the prefix generated so far
+
+
+@dataclass(frozen=True)
+class OracleCache:
+    prefix: torch.Tensor  # (R, t) decoder inputs so far, BOS first
+    sent: torch.Tensor  # (R,) which table each row reads
+
+    def reorder(self, index: torch.Tensor) -> OracleCache:
+        return OracleCache(self.prefix.index_select(0, index), self.sent.index_select(0, index))
+
+    select = reorder
+
+
+class Oracle:
+    """A model whose next-token distribution is ``tables[s][prefix]`` for the sentence whose source starts with
+    token ``4 + s``; a prefix missing from the table ends the sentence (EOS with probability 1)."""
+
+    def __init__(self, tables: list[dict[tuple[int, ...], dict[int, float]]]):
+        self.tables = tables
+        self.config = SimpleNamespace(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, tgt_vocab_size=VOCAB)
+        self.calls = 0
+
+    def encode(self, src: torch.Tensor) -> Memory:
+        return Memory((src[:, :1] - 4).float()[:, :, None], None)
+
+    def init_cache(self, memory: Memory) -> OracleCache:
+        n = memory.states.shape[0]
+        return OracleCache(torch.empty(n, 0, dtype=torch.long), memory.states[:, 0, 0].long())
+
+    def decode(self, tgt: torch.Tensor, memory: Memory, cache: OracleCache | None = None):
+        self.calls += 1
+        cache = cache or self.init_cache(memory)
+        full = torch.cat([cache.prefix, tgt], dim=1)
+        t0 = cache.prefix.shape[1]
+        logits = torch.full((tgt.shape[0], tgt.shape[1], VOCAB), float("-inf"))
+        for r in range(tgt.shape[0]):
+            table = self.tables[int(cache.sent[r])]
+            for p in range(tgt.shape[1]):
+                context = tuple(full[r, 1 : t0 + p + 1].tolist())
+                for token, prob in table.get(context, {EOS_ID: 1.0}).items():
+                    logits[r, p, token] = math.log(prob)
+        return logits, OracleCache(full, cache.sent)
+
+
+def src_for(*sentences: int) -> torch.Tensor:
+    """Source rows selecting the oracle tables (two real tokens each, so max_len_a * 2 + b)."""
+    return torch.tensor([[4 + s, 4, EOS_ID] for s in sentences])
+
+
+# Table A: two EOS candidates win step 1; both are finished and the search stops (no penalty).
+TABLE_A = {
+    (): {A: 0.6, B: 0.3, EOS_ID: 0.1},
+    (A,): {EOS_ID: 0.5, B: 0.4, A: 0.1},
+    (B,): {EOS_ID: 0.9, A: 0.1},
+}
+# Table B: the empty output wins on raw log-probability, the three-token one with the length penalty.
+TABLE_B = {
+    (): {EOS_ID: 0.4, A: 0.6},
+    (A,): {B: 0.8, EOS_ID: 0.2},
+    (A, B): {C: 0.8, EOS_ID: 0.2},
+    (A, B, C): {EOS_ID: 1.0},
+}
+ln = math.log
+
+
+def lp(n: int, alpha: float = 0.6) -> float:
+    return ((5 + n) / 6) ** alpha
+
+
+def assert_hyps(got: list[Hypothesis], expected: list[tuple[list[int], float, float]]) -> None:
+    assert [h.tokens for h in got] == [e[0] for e in expected]
+    for h, (_, log_prob, score) in zip(got, expected):
+        assert h.log_prob == pytest.approx(log_prob, abs=1e-6)
+        assert h.score == pytest.approx(score, abs=1e-6)
+
+
+def test_oracle_two_eos_candidates_finish_together():
+    got = beam_search(Oracle([TABLE_A]), src_for(0), beam=2, nbest=2, length_penalty=0.0, max_len_b=10)
+    assert_hyps(got[0], [([A], ln(0.3), ln(0.3)), ([B], ln(0.27), ln(0.27))])
+
+
+def test_oracle_no_penalty_prefers_short():
+    got = beam_search(Oracle([TABLE_B]), src_for(0), beam=2, nbest=2, length_penalty=0.0, max_len_b=10)
+    assert_hyps(got[0], [([], ln(0.4), ln(0.4)), ([A, B, C], ln(0.384), ln(0.384))])
+
+
+def test_oracle_length_penalty_flips_the_order():
+    got = beam_search(Oracle([TABLE_B]), src_for(0), beam=2, nbest=2, length_penalty=0.6, max_len_b=10)
+    assert_hyps(got[0], [([A, B, C], ln(0.384), ln(0.384) / lp(4)), ([], ln(0.4), ln(0.4) / lp(1))])
+
+
+def test_oracle_max_length_forces_eos_with_its_true_probability():
+    # max_len = 0 * 2 + 2: after "a b" only EOS may follow; its log-probability is counted as the model gives it
+    got = beam_search(Oracle([TABLE_B]), src_for(0), beam=3, nbest=3, length_penalty=0.0, max_len_a=0, max_len_b=2)
+    assert_hyps(got[0], [([], ln(0.4), ln(0.4)), ([A], ln(0.12), ln(0.12)), ([A, B], ln(0.096), ln(0.096))])
+    zero = beam_search(Oracle([TABLE_B]), src_for(0), beam=2, length_penalty=0.0, max_len_a=0, max_len_b=0)
+    assert_hyps(zero[0], [([], ln(0.4), ln(0.4))])
+
+
+def test_oracle_min_length_blocks_early_eos_but_keeps_true_scores():
+    got = beam_search(Oracle([TABLE_B]), src_for(0), beam=2, nbest=2, length_penalty=0.0, min_len=1, max_len_b=10)
+    assert_hyps(got[0], [([A, B, C], ln(0.384), ln(0.384)), ([A], ln(0.12), ln(0.12))])
+
+
+def test_oracle_batch_drops_finished_sentences():
+    oracle = Oracle([TABLE_A, TABLE_B])
+    got = beam_search(oracle, src_for(0, 1), beam=2, nbest=2, length_penalty=0.6, max_len_b=10)
+    assert_hyps(got[0], [([A], ln(0.3), ln(0.3) / lp(2)), ([B], ln(0.27), ln(0.27) / lp(2))])
+    assert_hyps(got[1], [([A, B, C], ln(0.384), ln(0.384) / lp(4)), ([], ln(0.4), ln(0.4) / lp(1))])
+    assert oracle.calls == 4  # steps 0-3; sentence A left the batch after step 1
+
+
+def test_oracle_max_len_a_counts_real_source_tokens():
+    src = torch.tensor([[4, 4, 4, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]])
+    assert max_lengths(Oracle([{}, {}]), src, 1.5, 1).tolist() == [5, 2]  # floor(1.5 * 3 + 1), floor(1.5 + 1)
+
+
+def test_oracle_greedy_and_sampling():
+    oracle = Oracle([TABLE_B])
+    (g,) = greedy_search(oracle, src_for(0), max_len_b=10)
+    assert (g.tokens, g.log_prob) == ([A, B, C], pytest.approx(ln(0.384)))
+    (s,) = sample(oracle, src_for(0), num_samples=1, top_k=1, max_len_b=10)
+    assert s[0].tokens == [A, B, C]
+    gen = torch.Generator().manual_seed(0)
+    draws = sample(oracle, src_for(0), num_samples=200, max_len_b=10, generator=gen)[0]
+    assert {tuple(h.tokens) for h in draws} <= {(), (A,), (A, B), (A, B, C)}
+    assert 0.25 < sum(not h.tokens for h in draws) / 200 < 0.55  # p(empty) = 0.4
+    assert [h.score for h in draws] == sorted((h.score for h in draws), reverse=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the step policy and helpers on their own
+
+
+def test_beam_step_takes_top_2k_across_beams():
+    log_probs = torch.log(torch.tensor([[[0.1, 0.2, 0.7], [0.5, 0.4, 0.1]]]))  # (N=1, beam=2, V=3)
+    scores = torch.log(torch.tensor([[0.5, 0.5]]))
+    s, tokens, beams = beam_step(log_probs, scores, 4)
+    assert torch.allclose(s.exp(), torch.tensor([[0.35, 0.25, 0.2, 0.1]]))
+    assert tokens.tolist() == [[2, 0, 1, 1]] and beams.tolist() == [[0, 1, 1, 0]]
+    # empty beam slots (-inf) never produce valid candidates
+    s, _, beams = beam_step(log_probs, torch.tensor([[0.0, float("-inf")]]), 4)
+    assert beams[0, :3].tolist() == [0, 0, 0] and torch.isinf(s[0, 3])
+
+
+def test_length_penalty_is_gnmt():
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(7, 0.0) == 1.0
+
+
+def test_filter_logits_top_k_and_top_p():
+    lp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isfinite(filter_logits(lp, top_k=2)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(lp, top_p=0.8)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(lp, top_p=0.81)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_logits(lp, top_p=0.1)).tolist() == [[True, False, False, False]]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# random models
+
+
+def random_model(seed: int, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig.preset("test", src_vocab_size=16, tgt_vocab_size=16, **overrides)
+    return Transformer(cfg).eval()
+
+
+def random_src(seed: int, n: int = 4, max_len: int = 7) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (n,), generator=g).tolist()
+    rows = [[*torch.randint(4, 16, (k,), generator=g).tolist(), EOS_ID] for k in lengths]
+    width = max(map(len, rows))
+    return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows])
+
+
+def same(a: list[list[Hypothesis]], b: list[list[Hypothesis]], tol: float = 1e-4) -> None:
+    assert [[h.tokens for h in x] for x in a] == [[h.tokens for h in x] for x in b]
+    for x, y in zip(a, b):
+        for h, k in zip(x, y):
+            assert h.score == pytest.approx(k.score, abs=tol) and h.log_prob == pytest.approx(k.log_prob, abs=tol)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_cache_equals_no_cache(alpha):
+    for seed in range(12):
+        model, src = random_model(seed), random_src(seed)
+        kw = dict(beam=4, nbest=4, length_penalty=alpha, max_len_a=1.0, max_len_b=3)
+        same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
+
+
+def test_cache_equals_no_cache_pre_norm_learned_positions():
+    for seed in range(4):
+        model, src = random_model(seed, norm="pre", positions="learned", max_positions=8), random_src(seed)
+        kw = dict(beam=3, nbest=3, max_len_b=20)  # capped at max_positions - 1 = 7 tokens
+        got = beam_search(model, src, **kw)
+        same(got, beam_search(model, src, **kw, use_cache=False), tol=1e-5)
+        assert all(len(h.tokens) <= 7 for hyps in got for h in hyps)
+
+
+def test_scores_equal_full_forward_log_probs():
+    for seed in range(6):
+        model, src = random_model(seed), random_src(seed)
+        for alpha in (0.0, 0.6):
+            results = beam_search(model, src, beam=4, nbest=4, length_penalty=alpha, max_len_b=4)
+            for i, hyps in enumerate(results):
+                recomputed = rescore(model, src[i : i + 1].expand(len(hyps), -1), [h.tokens for h in hyps])
+                for h, r in zip(hyps, recomputed):
+                    assert h.log_prob == pytest.approx(r, abs=1e-4)
+                    penalty = length_penalty(len(h.tokens) + 1, alpha)
+                    assert h.score == pytest.approx(r / penalty, abs=1e-4)
+        greedy = greedy_search(model, src, max_len_b=4)
+        assert [h.log_prob for h in greedy] == pytest.approx(rescore(model, src, [h.tokens for h in greedy]), abs=1e-4)
+
+
+def test_beam_one_equals_greedy():
+    # with alpha = 0 a beam of one is greedy; with a length penalty it may legitimately keep searching for a longer
+    # hypothesis whose normalised score is better
+    for seed in range(10):
+        model, src = random_model(seed), random_src(seed)
+        greedy = greedy_search(model, src, max_len_b=5)
+        beam = beam_search(model, src, beam=1, length_penalty=0.0, max_len_b=5)
+        same([[h] for h in greedy], beam)
+
+
+def test_batched_equals_one_by_one():
+    for seed in range(5):
+        model, src = random_model(seed), random_src(seed, n=6)
+        batched = beam_search(model, src, beam=4, nbest=2, max_len_b=4)
+        for i in range(src.shape[0]):
+            row = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]  # without padding
+            same([batched[i]], beam_search(model, row, beam=4, nbest=2, max_len_b=4))
+
+
+def test_min_len_and_no_repeat_ngram_are_respected():
+    for seed in range(5):
+        model, src = random_model(seed), random_src(seed)
+        for hyps in beam_search(model, src, beam=3, nbest=3, min_len=4, no_repeat_ngram=2, max_len_b=8):
+            for h in hyps:
+                assert len(h.tokens) >= 4
+                bigrams = list(zip(h.tokens, h.tokens[1:]))
+                assert len(bigrams) == len(set(bigrams))
+        for h in greedy_search(model, src, no_repeat_ngram=1, max_len_b=8):
+            assert len(h.tokens) == len(set(h.tokens))
+
+
+def test_special_ids_never_generated_and_lengths_bounded():
+    model, src = random_model(3), random_src(3)
+    limits = max_lengths(model, src, 1.0, 2)
+    for hyps, limit in zip(beam_search(model, src, beam=4, nbest=4, max_len_b=2), limits.tolist()):
+        for h in hyps:
+            assert len(h.tokens) <= limit and not {PAD_ID, BOS_ID, EOS_ID} & set(h.tokens)
+
+
+def test_generate_dispatches_on_config():
+    model, src = random_model(1), random_src(1)
+    cfg = DecodeConfig(beam=1, max_len_b=4)
+    assert [h[0].tokens for h in generate(model, src, cfg)] == [
+        h.tokens for h in greedy_search(model, src, max_len_b=4)
+    ]
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_b=4)
+    same(generate(model, src, cfg), beam_search(model, src, beam=3, nbest=2, max_len_b=4))
+    cfg = DecodeConfig(sampling=True, nbest=3, top_k=4, max_len_b=4)
+    a = generate(model, src, cfg, generator=torch.Generator().manual_seed(7))
+    b = generate(model, src, cfg, generator=torch.Generator().manual_seed(7))
+    assert all(len(x) == 3 for x in a)
+    same(a, b)
+
+
+def test_empty_batch():
+    model = random_model(0)
+    empty = torch.empty(0, 3, dtype=torch.long)
+    assert beam_search(model, empty) == [] and greedy_search(model, empty) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a trained model
+
+
+@pytest.mark.slow
+def test_trained_reversal_model_is_exact():
+    model = reversal_model()
+    src, _, tgt_out = task_batch(random.Random(123), 64)
+    expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
+    assert [h.tokens for h in greedy_search(model, src)] == expected
+    beams = beam_search(model, src, beam=4, nbest=4)
+    assert [hyps[0].tokens for hyps in beams] == expected
+    assert [hyps[0].tokens for hyps in beam_search(model, src, use_cache=False)] == expected
