@@ -127,12 +127,13 @@ def validate(
     """Loss, perplexity and (when ``train.valid_bleu`` and a tokenizer are given) BLEU and chrF on rank 0."""
     loss, nll, tokens = validation_loss(model, dataset, config, device, dist, autocast)
     result = ValidResult(loss=loss, nll=nll, ppl=math.exp(min(nll, 100.0)), tokens=tokens)
-    if config.train.valid_bleu and tokenizer is not None and references is not None:
+    if config.train.valid_bleu and tokenizer is not None:  # every rank decodes its share; rank 0 has the references
         from transduce.evaluate import score
 
         limit = config.train.valid_max_sentences
         hyps = validation_translations(model, dataset, tokenizer, config, device, dist, limit)
         if dist.is_main:
+            assert references is not None
             scores = score(hyps, references[: len(hyps)])
             result.bleu, result.bleu_signature = float(scores.bleu), str(scores.bleu_signature)
             result.chrf, result.chrf_signature = float(scores.chrf), str(scores.chrf_signature)
