@@ -202,3 +202,14 @@ def test_cli_train_and_resume(data, tmp_path):
     assert main(["train", "--resume", str(run), "train.max_steps=9"]) == 0
     assert ckpt.read_pointer(run, ckpt.LAST).name == "step_00000009"
     assert main(["train", "configs/toy.yaml", "train.max_stpes=3"]) == 2  # unknown key: one-line error
+
+
+def test_example_config_loads_and_documents_every_key():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "configs" / "example.yaml").read_text()
+    config = Config.load(Path(__file__).resolve().parents[1] / "configs" / "example.yaml")
+    for section, values in config.to_dict().items():
+        for key in values:
+            line = next((ln for ln in text.splitlines() if ln.startswith(f"  {key}:")), None)
+            assert line is not None and "#" in line, f"{section}.{key} is not documented in configs/example.yaml"
