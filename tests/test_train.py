@@ -213,3 +213,18 @@ def test_example_config_loads_and_documents_every_key():
         for key in values:
             line = next((ln for ln in text.splitlines() if ln.startswith(f"  {key}:")), None)
             assert line is not None and "#" in line, f"{section}.{key} is not documented in configs/example.yaml"
+
+
+def test_bf16_accumulation_and_validation_bleu_with_signature(data, tmp_path):
+    corpus, prepared = data
+    run = tmp_path / "run"
+    config = toy_config(corpus, run, prepared, precision="bf16", accumulate=2, clip_norm=1.0, max_steps=30,
+                        valid_every=15, valid_beam=2)  # fmt: skip
+    outcome = train(config)
+    losses = [loss for _, loss in _losses(run)]
+    assert outcome.step == 30 and sum(losses[-5:]) / 5 < 0.8 * losses[0]
+    valid = read_metrics(run / "metrics.jsonl", "valid")[-1]
+    assert valid["references"] == "raw" and valid["sentences"] == 20
+    assert 0.0 <= valid["bleu"] <= 100.0 and valid["bleu_signature"].startswith("nrefs:1")
+    assert "chrf_signature" in valid
+    assert read_metrics(run / "metrics.jsonl", "train")[-1]["grad_norm"] is not None
