@@ -7,6 +7,7 @@ import contextlib
 import functools
 import random
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -112,3 +113,21 @@ def one_thread():
 def reversal_model() -> Transformer:
     """The reversal model, trained once per test process and shared by the test files (do not modify it)."""
     return train_task_model()
+
+
+def make_checkpoint(directory: Path, *, max_len_b: int = 5, seed: int = 0) -> Path:
+    """A standalone checkpoint of a random ``test``-preset model with a real SentencePiece vocabulary (trained here
+    on a few words), for ``Translator.load`` and CLI tests. Decoding defaults to short outputs (``max_len_b``)."""
+    from transduce.checkpoint import save_model
+    from transduce.config import Config, DecodeConfig
+    from transduce.tokenizer import Tokenizer
+
+    rng = random.Random(seed)
+    words = ["a", "man", "dog", "rides", "the", "bike", "ein", "Mann", "Hund", "fährt", "das", "Rad", "café"]
+    text = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) + "." for _ in range(300)]
+    vocab_dir = directory / "vocab"
+    tok = Tokenizer.train(vocab_dir, text, vocab_size=300)
+    torch.manual_seed(seed)
+    model_cfg = ModelConfig.preset("test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
+    config = Config(model=model_cfg, decode=DecodeConfig(max_len_b=max_len_b))
+    return save_model(directory / "model", Transformer(model_cfg).eval(), config, vocab_dir)

@@ -1,0 +1,336 @@
+"""Translating text: a tokenizer, a model and a search, batched for speed and order-preserving.
+
+    translator = Translator.load("runs/multi30k")             # a run directory or a checkpoint file
+    translator.translate(["A man on a bike.", ""])            # ['Ein Mann auf einem Fahrrad.', '']
+    translator.translate_nbest(["A dog."], nbest=4)           # [[Translation(text, score, log_prob), ...]]
+
+Sentences are tokenised, sorted by length and batched by a token budget (``DecodeConfig.max_tokens`` counts
+sentences x beam x padded source length); results come back in input order, exactly one per input. An empty (or
+blank) sentence gives an empty translation without running the model. A sentence longer than ``max_input_tokens``
+subword tokens is split into pieces (preferably after sentence punctuation), the pieces are translated separately
+and joined with a space, and a warning names its line. A :class:`Translator` holds no mutable state while it
+translates, so one instance may serve several threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from transduce.config import DecodeConfig
+from transduce.errors import DataError
+from transduce.search import Hypothesis, generate
+from transduce.search.common import pad_sequences
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_INPUT_TOKENS = 1024  # longest source (subword tokens) translated in one piece with sinusoidal positions
+_LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))  # str.splitlines' set
+_SENTENCE_END = re.compile(r"[.!?;:。！？]['\"»”’)\]]*$")  # a piece after which splitting a long line is natural
+
+
+class TokenizerLike(Protocol):
+    """The tokenizer methods a :class:`Translator` uses (:class:`transduce.tokenizer.Tokenizer` has them)."""
+
+    def encode_src(self, text: str) -> list[int]: ...
+
+    def encode_tgt(self, text: str) -> list[int]: ...
+
+    def decode_tgt(self, ids: Iterable[int]) -> str: ...
+
+    def src_pieces(self, ids: Iterable[int]) -> list[str]: ...
+
+    def tgt_pieces(self, ids: Iterable[int]) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One translation of one input.
+
+    Attributes:
+        text: detokenised output (never contains a line break).
+        score: the search's ranking score (length-penalised log-probability when the penalty is on).
+        log_prob: sum of the model's log-probabilities of the output tokens and EOS.
+    """
+
+    text: str
+    score: float
+    log_prob: float
+
+
+class Translator:
+    """Model + tokenizer + decoding configuration.
+
+    Args:
+        model: a :class:`transduce.model.Transformer` (or any :class:`transduce.search.SearchModel` module);
+            it is moved to ``device`` and put in eval mode.
+        tokenizer: see :class:`TokenizerLike`.
+        decode: default decoding configuration (the paper's when None).
+        device: torch device for the model and the batches.
+        max_input_tokens: longer sources are split into pieces; default: ``max_positions - 1`` for learned
+            positions, else 1024.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: TokenizerLike,
+        decode: DecodeConfig | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        max_input_tokens: int | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.decode = decode if decode is not None else DecodeConfig()
+        mc = model.config
+        if max_input_tokens is None:
+            learned = getattr(mc, "positions", None) == "learned"
+            max_input_tokens = mc.max_positions - 1 if learned else DEFAULT_MAX_INPUT_TOKENS
+        if max_input_tokens < 1:
+            raise ValueError(f"max_input_tokens must be >= 1, got {max_input_tokens}")
+        self.max_input_tokens = max_input_tokens
+        self._encode_lock = threading.Lock()  # tokenizers are not all documented as thread-safe
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        *,
+        decode: DecodeConfig | None = None,
+        max_input_tokens: int | None = None,
+    ) -> Translator:
+        """A translator from a run directory or a checkpoint file, with the run's decoding configuration unless
+        ``decode`` is given."""
+        from transduce.checkpoint import load_model
+        from transduce.tokenizer import Tokenizer
+
+        model, config, vocab_dir = load_model(path, device)
+        tokenizer = Tokenizer.load(vocab_dir)
+        return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens)
+
+    # ------------------------------------------------------------------------------------------------------------------
+    # public API
+
+    def translate(
+        self, sentences: Sequence[str], *, beam: int | None = None, decode: DecodeConfig | None = None, **options: Any
+    ) -> list[str]:
+        """Translate sentences; returns one string per input, in input order.
+
+        Args:
+            sentences: raw source sentences.
+            beam: beam size (default: the translator's configuration).
+            decode: a whole decoding configuration instead of the translator's.
+            options: other :class:`DecodeConfig` fields (``length_penalty=1.0``, ``sampling=True``, ...); unknown
+                names raise :class:`transduce.config.ConfigError`.
+        """
+        cfg = self._config(decode, beam=beam, nbest=1, **options)
+        return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg)]
+
+    def translate_nbest(
+        self,
+        sentences: Sequence[str],
+        *,
+        nbest: int,
+        beam: int | None = None,
+        decode: DecodeConfig | None = None,
+        **options: Any,
+    ) -> list[list[Translation]]:
+        """The ``nbest`` best translations of each sentence with their scores, best first.
+
+        The beam is widened to ``nbest`` if it is smaller. An empty sentence, and a sentence that had to be split,
+        get a single translation.
+        """
+        base = decode or self.decode
+        cfg = self._config(decode, beam=max(beam or base.beam, nbest), nbest=nbest, **options)
+        return self._translate(list(enumerate(sentences, start=1)), cfg)
+
+    def translate_lines(
+        self, lines: Iterable[tuple[int, str]], cfg: DecodeConfig | None = None, *, chunk_size: int = 2000
+    ) -> Iterator[list[Translation]]:
+        """Translate a stream of ``(line number, text)``, ``chunk_size`` lines at a time (sorted within a chunk);
+        yields each line's translations in input order. Line numbers appear in warnings."""
+        cfg = cfg or self.decode
+        chunk: list[tuple[int, str]] = []
+        for item in lines:
+            chunk.append(item)
+            if len(chunk) >= chunk_size:
+                yield from self._translate(chunk, cfg)
+                chunk = []
+        if chunk:
+            yield from self._translate(chunk, cfg)
+
+    # ------------------------------------------------------------------------------------------------------------------
+
+    def _config(self, decode: DecodeConfig | None, **changes: Any) -> DecodeConfig:
+        base = decode or self.decode
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return base.replace(**changes) if changes else base
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        with self._encode_lock:
+            batch = getattr(self.tokenizer, "encode_src_batch", None)
+            if batch is not None:
+                return [list(ids) for ids in batch(texts)]
+            return [list(self.tokenizer.encode_src(t)) for t in texts]
+
+    def _translate(self, lines: list[tuple[int, str]], cfg: DecodeConfig) -> list[list[Translation]]:
+        eos = self.model.config.eos_id
+        width = cfg.nbest if cfg.sampling else cfg.beam  # hypotheses per sentence in the search
+        ids = self._encode([text for _, text in lines])
+        # segments: (input index, piece index, source ids + EOS)
+        segments: list[tuple[int, int, list[int]]] = []
+        pieces_of = [0] * len(lines)
+        for i, ((lineno, text), toks) in enumerate(zip(lines, ids)):
+            if not text.strip() or not toks:
+                continue
+            parts = self._split(toks) if len(toks) > self.max_input_tokens else [toks]
+            if len(parts) > 1:
+                log.warning(
+                    "line %d: %d source tokens exceed max_input_tokens=%d; translated in %d pieces and joined",
+                    lineno, len(toks), self.max_input_tokens, len(parts),
+                )  # fmt: skip
+            pieces_of[i] = len(parts)
+            segments.extend((i, j, [*part, eos]) for j, part in enumerate(parts))
+
+        results: dict[tuple[int, int], list[Hypothesis]] = {}
+        for batch in _batches(segments, cfg.max_tokens, width):
+            src = pad_sequences([seg[2] for seg in batch], self.model.config.pad_id, self.device)
+            for seg, hyps in zip(batch, generate(self.model, src, cfg)):
+                results[seg[0], seg[1]] = hyps
+
+        out: list[list[Translation]] = []
+        for i, n in enumerate(pieces_of):
+            if n == 0:
+                out.append([Translation("", 0.0, 0.0)])
+            elif n == 1:
+                out.append([self._to_translation(h) for h in results[i, 0]])
+            else:
+                best = [results[i, j][0] for j in range(n)]
+                text = " ".join(self._to_translation(h).text for h in best).strip()
+                out.append([Translation(text, sum(h.score for h in best), sum(h.log_prob for h in best))])
+        return out
+
+    def _to_translation(self, hyp: Hypothesis) -> Translation:
+        text = self.tokenizer.decode_tgt(hyp.tokens)
+        text = text.translate(_LINE_BREAKS)  # one line in, one line out, whoever splits the output
+        return Translation(text, hyp.score, hyp.log_prob)
+
+    def _split(self, toks: list[int]) -> list[list[int]]:
+        """Cut a too-long source into pieces of at most ``max_input_tokens``, after sentence punctuation when there
+        is some in the second half of a window, else at the limit."""
+        limit = self.max_input_tokens
+        pieces = self.tokenizer.src_pieces(toks)
+        parts, start = [], 0
+        while len(toks) - start > limit:
+            end = start + limit
+            cut = end
+            for k in range(end, start + limit // 2, -1):  # after piece k - 1
+                if _SENTENCE_END.search(pieces[k - 1]):
+                    cut = k
+                    break
+            parts.append(toks[start:cut])
+            start = cut
+        parts.append(toks[start:])
+        return parts
+
+    # ------------------------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def attention(self, source: str, target: str | None = None, *, beam: int | None = None) -> AttentionMaps:
+        """Attention weights of one sentence pair (the translation of ``source`` when ``target`` is None).
+
+        Returns:
+            :class:`AttentionMaps` with the subword pieces for the axes.
+        """
+        cfg = self.model.config
+        src_ids = [*self._encode([source])[0][: self.max_input_tokens], cfg.eos_id]
+        if target is None:
+            src = torch.tensor([src_ids], device=self.device)
+            tgt_ids = generate(self.model, src, self._config(None, beam=beam, nbest=1))[0][0].tokens
+        else:
+            tgt_ids = list(self.tokenizer.encode_tgt(target))
+        src = torch.tensor([src_ids], device=self.device)
+        tgt_in = torch.tensor([[cfg.bos_id, *tgt_ids]], device=self.device)
+        _, weights = self.model.attention(src, tgt_in)
+        return AttentionMaps(
+            src_pieces=self.tokenizer.src_pieces(src_ids),
+            tgt_in_pieces=self.tokenizer.tgt_pieces([cfg.bos_id, *tgt_ids]),
+            tgt_out_pieces=self.tokenizer.tgt_pieces([*tgt_ids, cfg.eos_id]),
+            encoder=torch.stack([w[0] for w in weights.encoder]).float().cpu(),
+            decoder=torch.stack([w[0] for w in weights.decoder]).float().cpu(),
+            cross=torch.stack([w[0] for w in weights.cross]).float().cpu(),
+        )
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """Attention weights of one teacher-forced sentence pair, for pictures.
+
+    Attributes:
+        src_pieces: source pieces, EOS included (S).
+        tgt_in_pieces: decoder inputs, BOS + target pieces (T).
+        tgt_out_pieces: what each decoder position predicts, target pieces + EOS (T).
+        encoder: (layers, heads, S, S) encoder self-attention.
+        decoder: (layers, heads, T, T) decoder self-attention: row t (predicting tgt_out t) over tgt_in.
+        cross: (layers, heads, T, S) encoder-decoder attention: row t (predicting tgt_out t) over the source.
+    """
+
+    src_pieces: list[str]
+    tgt_in_pieces: list[str]
+    tgt_out_pieces: list[str]
+    encoder: torch.Tensor
+    decoder: torch.Tensor
+    cross: torch.Tensor
+
+
+def _batches(
+    segments: list[tuple[int, int, list[int]]], max_tokens: int, width: int
+) -> Iterator[list[tuple[int, int, list[int]]]]:
+    """Segments sorted by length (longest first), grouped so that sentences x width x longest source <= max_tokens
+    (a single over-budget segment gets a batch of its own)."""
+    ordered = sorted(segments, key=lambda s: -len(s[2]))
+    batch: list[tuple[int, int, list[int]]] = []
+    longest = 0
+    for seg in ordered:
+        longest_if = max(longest, len(seg[2]))
+        if batch and (len(batch) + 1) * width * longest_if > max_tokens:
+            yield batch
+            batch, longest_if = [], len(seg[2])
+        batch.append(seg)
+        longest = longest_if
+    if batch:
+        yield batch
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# input text
+
+
+def read_source_lines(path: str | Path, *, replace_invalid: bool = False) -> Iterator[tuple[int, str]]:
+    """The lines of a text file (``"-"``: standard input) as ``(line number, text)``, split on ``\\n`` only.
+
+    Args:
+        replace_invalid: replace bytes that are not UTF-8 with U+FFFD (and warn with the line number) instead of
+            raising :class:`transduce.errors.DataError` naming the line.
+    """
+    from transduce.textio import decode_line, iter_raw_lines
+
+    for lineno, raw in enumerate(iter_raw_lines(path), start=1):
+        try:
+            yield lineno, decode_line(raw, path, lineno)
+        except DataError as e:
+            if not replace_invalid:
+                raise DataError(f"{e}; use --replace-invalid to translate it with U+FFFD in place") from None
+            log.warning("%s: replaced the invalid bytes with U+FFFD", e)
+            yield lineno, decode_line(raw.decode("utf-8", errors="replace").encode("utf-8"), path, lineno)
