@@ -16,6 +16,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "train a model (or --resume a run); torchrun for data parallelism"),
     "average": ("average", "average the weights of the last N checkpoints of a run"),
     "download": ("download", "fetch a public dataset's raw files (Multi30k)"),
+    "translate": ("translate", "translate raw text with a trained model (stdin to stdout by default)"),
+    "evaluate": ("evaluate", "translate a test set and score it with sacreBLEU (BLEU, chrF)"),
+    "attention": ("attention", "draw attention heatmaps of one sentence pair (PNG)"),
 }
 
 

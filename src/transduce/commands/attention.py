@@ -1,0 +1,39 @@
+"""Draw the attention of a trained model on one sentence: heatmaps per layer and head, and averaged, with the
+subword pieces on the axes.
+
+Examples:
+  transduce attention --model runs/multi30k --src "A man rides a bike." --out attention.png
+  transduce attention --model runs/multi30k --src "A dog." --tgt "Ein Hund." --out dog.png --self
+
+Without --tgt the model's own translation is used. The encoder-decoder attention goes to --out (row: the target
+piece being predicted; column: the source piece); --self also writes the encoder and decoder self-attention to
+OUT.encoder.png and OUT.decoder.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from transduce.commands.translate import add_model_arguments, load_translator
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--src", required=True, metavar="TEXT", help="the source sentence")
+    parser.add_argument("--tgt", metavar="TEXT", help="its translation (default: the model's)")
+    parser.add_argument("--out", required=True, metavar="FILE.png", help="where to write the picture")
+    parser.add_argument("--self", action="store_true", dest="self_attention", help="also the self-attention")
+
+
+def run(args: argparse.Namespace) -> int:
+    from transduce.plot import plot_attention_maps
+
+    translator = load_translator(args)
+    maps = translator.attention(args.src, args.tgt, beam=args.beam)
+    for path in plot_attention_maps(maps, args.out, self_attention=args.self_attention):
+        log.info("wrote %s", path)
+    print(" ".join(maps.tgt_out_pieces))
+    return 0

@@ -1,0 +1,76 @@
+"""Translate a test set and score it against references with sacreBLEU (BLEU and chrF, with signatures).
+
+Examples:
+  transduce evaluate --model runs/multi30k --src test_2016_flickr.en --ref test_2016_flickr.de
+  transduce evaluate --model runs/multi30k --src test.en --ref test.de --json --hyp-out test.hyp.de
+  transduce evaluate --hyp test.hyp.de --ref test.de --lc-tok de      # score an existing translation
+
+Scores are on detokenised, cased text. --lc-tok LANG adds the Multi30k literature's number (lowercased,
+Moses-tokenised), labelled bleu_lc_tok; it is not comparable with sacreBLEU's. Hypothesis and reference files with
+different numbers of lines are an error: nothing is scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from transduce.commands.translate import add_model_arguments, decode_config, load_translator
+from transduce.errors import TransduceError
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser._option_string_actions["--model"].required = False  # not needed with --hyp
+    parser.add_argument("--src", metavar="FILE", help="source sentences to translate")
+    parser.add_argument("--hyp", metavar="FILE", help="score these translations instead of translating --src")
+    parser.add_argument("--ref", required=True, metavar="FILE", help="reference translations, one per line")
+    parser.add_argument("--hyp-out", metavar="FILE", help="also write the translations here")
+    parser.add_argument("--lc-tok", metavar="LANG", help="also lowercased Moses-tokenised BLEU (target language)")
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def _read(path: str) -> list[str]:
+    from transduce.translate import read_source_lines
+
+    return [text for _, text in read_source_lines(path)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from transduce.evaluate import LengthMismatchError, score, score_tokenized_lowercase
+
+    if (args.src is None) == (args.hyp is None):
+        raise TransduceError("give exactly one of --src (with --model) and --hyp")
+    references = _read(args.ref)
+    if args.hyp is not None:
+        hypotheses = _read(args.hyp)
+    else:
+        if args.model is None:
+            raise TransduceError("--src needs --model")
+        sources = _read(args.src)
+        if len(sources) != len(references):  # fail before spending time translating
+            raise LengthMismatchError(len(sources), len(references), f"{args.src} vs {args.ref}")
+        translator = load_translator(args)
+        cfg = decode_config(args, translator.decode).replace(nbest=1)
+        hypotheses = [ts[0].text for ts in translator.translate_lines(enumerate(sources, start=1), cfg)]
+        if args.hyp_out:
+            Path(args.hyp_out).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    if len(hypotheses) != len(references):
+        raise LengthMismatchError(len(hypotheses), len(references), f"{args.hyp or 'translations'} vs {args.ref}")
+    scores = score(hypotheses, references)
+    result = scores.to_dict()
+    if args.lc_tok:
+        result.update(score_tokenized_lowercase(hypotheses, references, args.lc_tok).to_dict())
+        result["bleu_lc_tok_signature"] = result.pop("signature")
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(f"BLEU = {scores.bleu:.2f}  ({scores.bleu_signature})")
+        print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
+        if args.lc_tok:
+            print(f"BLEU (lowercased, Moses-tokenised; not sacreBLEU) = {result['bleu_lc_tok']:.2f}")
+    return 0

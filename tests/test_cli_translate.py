@@ -1,0 +1,100 @@
+"""End-to-end CLI tests of translate / evaluate / attention on a small random checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodekit import make_checkpoint, one_thread
+from transduce.cli import main
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+LINES = ["a man rides the bike.", "", "café 😀 Ünïcode", "x" * 1200, "   ", "ein Hund."]
+
+
+def test_translate_file_keeps_one_line_per_line(checkpoint, tmp_path, caplog):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--output", str(out)]) == 0
+    got = out.read_text(encoding="utf-8").split("\n")
+    assert got[-1] == "" and len(got[:-1]) == len(LINES)
+    assert got[1] == "" and got[4] == ""
+    assert "line 4: 1201 source tokens exceed max_input_tokens=1024" in caplog.text
+    # beam 1 / a small token budget: the same count, the same order
+    out2 = tmp_path / "out2.txt"
+    args = ["translate", "--model", str(checkpoint), "--input", str(src), "--output", str(out2), "--max-tokens", "50"]
+    assert main(args) == 0
+    assert out2.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
+
+
+def test_translate_nbest_format(checkpoint, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("a dog.\nthe bike.\n", encoding="utf-8")
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--nbest", "3"]) == 0
+    rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "0", "1", "1", "1"]
+    assert all(len(r) == 3 and float(r[2]) <= 0 for r in rows)
+
+
+def test_invalid_utf8_is_one_line_error_or_replaced(checkpoint, tmp_path, capsys):
+    src = tmp_path / "bad.txt"
+    src.write_bytes(b"a dog.\n\xff\xfe the bike\n")
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2: not valid UTF-8" in err and "Traceback" not in err
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--replace-invalid"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_translate_stdin_to_stdout_subprocess(checkpoint):
+    text = "a man.\n\nein Hund fährt.\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "transduce.cli", "translate", "--model", str(checkpoint), "--beam", "2"],
+        input=text.encode(), capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode("utf-8").split("\n")
+    assert len(out) == 4 and out[1] == "" and out[3] == ""
+
+
+def test_evaluate_json_and_mismatch(checkpoint, tmp_path, capsys):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("a dog.\nthe man.\n", encoding="utf-8")
+    ref.write_text("ein Hund läuft über die Wiese.\nder Mann fährt mit dem Rad.\n", encoding="utf-8")
+    hyp_out = tmp_path / "hyp.txt"
+    args = ["evaluate", "--model", str(checkpoint), "--src", str(src), "--ref", str(ref)]
+    assert main([*args, "--json", "--lc-tok", "de", "--hyp-out", str(hyp_out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"bleu", "bleu_signature", "chrf", "chrf_signature", "bleu_lc_tok"} <= set(result)
+    assert len(hyp_out.read_text(encoding="utf-8").splitlines()) == 2
+    # scoring an existing file; a reference of another length is an error, never a score
+    assert main(["evaluate", "--hyp", str(ref), "--ref", str(ref)]) == 0
+    assert "BLEU = 100.00" in capsys.readouterr().out
+    short = tmp_path / "short.txt"
+    short.write_text("ein Hund.\n", encoding="utf-8")
+    assert main(["evaluate", "--hyp", str(short), "--ref", str(ref)]) == 2
+    assert "1 hypotheses but 2 references" in capsys.readouterr().err
+    assert main(["evaluate", "--model", str(checkpoint), "--src", str(src), "--ref", str(short)]) == 2
+
+
+def test_attention_command_writes_pngs(checkpoint, tmp_path):
+    out = tmp_path / "att.png"
+    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--out", str(out), "--self"]
+    assert main(args) == 0
+    assert out.exists() and (tmp_path / "att.encoder.png").exists() and (tmp_path / "att.decoder.png").exists()
+    assert main([*args[:-1], "--tgt", "ein Mann."]) == 0
