@@ -321,8 +321,9 @@ def _describe(path: Path) -> dict[str, Any]:
 
 
 def _fingerprint(manifest: dict[str, Any]) -> tuple:
+    """What must match for an earlier preparation to be reused: format version, options, input checksums."""
     inputs = {split: tuple(sides[s]["sha256"] for s in ("src", "tgt")) for split, sides in manifest["inputs"].items()}
-    return manifest["options"], inputs
+    return manifest.get("version", VERSION), manifest["options"], inputs
 
 
 def _dropped(counts: dict[str, int]) -> str:
