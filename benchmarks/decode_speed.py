@@ -1,0 +1,191 @@
+"""Decoding speed: transduce's greedy and beam search against Hugging Face ``MarianMTModel.generate`` with the same
+weights on the same inputs, measured side by side in one run.
+
+The model is the ``small`` preset (3+3 layers, d_model 256, d_ff 1024, 4 heads) with a shared 8000-token vocabulary
+and random weights. Both sides produce exactly 25 output positions per hypothesis (EOS is kept out until then), so
+both do the same number of decoder steps: ours 24 tokens + a forced EOS, HF ``min_new_tokens = max_new_tokens = 25``.
+Before timing, the Marian copy's logits are checked against ours (max abs difference < 1e-4).
+
+    python benchmarks/decode_speed.py                      # 500 sentences, batch 32, median of 3
+    python benchmarks/decode_speed.py --sentences 100 --reps 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from transduce.config import DecodeConfig, ModelConfig
+from transduce.model import Transformer, sinusoid
+from transduce.search import generate
+from transduce.special import BOS_ID, EOS_ID, PAD_ID
+
+OUT_LEN = 25  # output positions per hypothesis, EOS included on our side
+
+
+def to_marian(model: Transformer):
+    """A ``MarianMTModel`` with ``model``'s weights (post-norm, ReLU, shared tied embeddings, sinusoidal positions)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    c = model.config
+    assert c.norm == "post" and c.share_vocab and c.tie_output and c.positions == "sinusoidal"
+    mc = MarianConfig(
+        vocab_size=c.tgt_vocab_size, decoder_vocab_size=c.tgt_vocab_size, d_model=c.d_model,
+        encoder_layers=c.encoder_layers, decoder_layers=c.decoder_layers,
+        encoder_attention_heads=c.heads, decoder_attention_heads=c.heads,
+        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function=c.activation,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
+        scale_embedding=c.scale_embeddings, pad_token_id=c.pad_id, eos_token_id=c.eos_id,
+        decoder_start_token_id=c.bos_id, forced_eos_token_id=None, bos_token_id=c.bos_id,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf = MarianMTModel(mc).eval()
+    sd = {}
+    sd["model.shared.weight"] = model.src_embed.weight
+    table = sinusoid(torch.arange(1024), c.d_model)  # our interleaved layout, copied as Marian's position table
+    for side in ("encoder", "decoder"):
+        sd[f"model.{side}.embed_tokens.weight"] = model.src_embed.weight
+        sd[f"model.{side}.embed_positions.weight"] = table
+    sd["lm_head.weight"] = model.output.weight
+    sd["final_logits_bias"] = torch.zeros(1, c.tgt_vocab_size)
+
+    def lin(dst: str, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = weight, bias
+
+    def norm(dst: str, ln: torch.nn.LayerNorm) -> None:
+        lin(dst, ln.weight, ln.bias)
+
+    def self_attn(dst: str, attn) -> None:
+        for name, w, b in zip("qkv", attn.qkv.weight.chunk(3), attn.qkv.bias.chunk(3)):
+            lin(f"{dst}.{name}_proj", w, b)
+        lin(f"{dst}.out_proj", attn.out.weight, attn.out.bias)
+
+    for i, layer in enumerate(model.encoder_layers):
+        p = f"model.encoder.layers.{i}"
+        self_attn(f"{p}.self_attn", layer.self_attn)
+        norm(f"{p}.self_attn_layer_norm", layer.norm1)
+        lin(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias)
+        lin(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias)
+        norm(f"{p}.final_layer_norm", layer.norm2)
+    for i, layer in enumerate(model.decoder_layers):
+        p = f"model.decoder.layers.{i}"
+        self_attn(f"{p}.self_attn", layer.self_attn)
+        norm(f"{p}.self_attn_layer_norm", layer.norm1)
+        x = layer.cross_attn
+        lin(f"{p}.encoder_attn.q_proj", x.q.weight, x.q.bias)
+        (kw, vw), (kb, vb) = x.kv.weight.chunk(2), x.kv.bias.chunk(2)
+        lin(f"{p}.encoder_attn.k_proj", kw, kb)
+        lin(f"{p}.encoder_attn.v_proj", vw, vb)
+        lin(f"{p}.encoder_attn.out_proj", x.out.weight, x.out.bias)
+        norm(f"{p}.encoder_attn_layer_norm", layer.norm2)
+        lin(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias)
+        lin(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias)
+        norm(f"{p}.final_layer_norm", layer.norm3)
+    with torch.no_grad():
+        params = dict(hf.named_parameters(remove_duplicate=False)) | dict(hf.named_buffers(remove_duplicate=False))
+        missing = set(params) - set(sd)
+        assert not missing, f"unmapped Marian tensors: {sorted(missing)}"
+        for name, value in sd.items():
+            params[name].copy_(value)
+    return hf
+
+
+def make_batches(n: int, batch: int, vocab: int, seed: int) -> list[torch.Tensor]:
+    """``n`` random source sentences of 5-40 tokens (+ EOS), right-padded in batches of ``batch``."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, 41, (n,), generator=g).tolist()
+    sents = [[*torch.randint(4, vocab, (length,), generator=g).tolist(), EOS_ID] for length in lengths]
+    out = []
+    for i in range(0, n, batch):
+        chunk = sents[i : i + batch]
+        width = max(map(len, chunk))
+        out.append(torch.tensor([s + [PAD_ID] * (width - len(s)) for s in chunk]))
+    return out
+
+
+def check_parity(model: Transformer, hf, batches: list[torch.Tensor]) -> float:
+    src = batches[0]
+    tgt_in = torch.cat([torch.full((src.shape[0], 1), BOS_ID), src[:, :-1].clamp(min=4)], dim=1)
+    with torch.no_grad():
+        ours = model(src, tgt_in)
+        theirs = hf(input_ids=src, attention_mask=src.ne(PAD_ID).long(), decoder_input_ids=tgt_in).logits
+    real = src.ne(PAD_ID)[:, :, None]  # compare at every decoder position of sentences' real length
+    return float(((ours - theirs).abs() * real).max())
+
+
+def time_ours(model: Transformer, batches: list[torch.Tensor], beam: int) -> tuple[float, list]:
+    cfg = DecodeConfig(beam=beam, length_penalty=0.6, max_len_a=0.0, max_len_b=OUT_LEN - 1, min_len=OUT_LEN - 1)
+    t0 = time.perf_counter()
+    out = [generate(model, src, cfg) for src in batches]
+    return time.perf_counter() - t0, out
+
+
+def time_hf(hf, batches: list[torch.Tensor], beam: int) -> tuple[float, list]:
+    kw = dict(num_beams=beam, do_sample=False, min_new_tokens=OUT_LEN, max_new_tokens=OUT_LEN, length_penalty=0.6)
+    t0 = time.perf_counter()
+    out = []
+    with torch.inference_mode():
+        for src in batches:
+            out.append(hf.generate(input_ids=src, attention_mask=src.ne(PAD_ID).long(), **kw))
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sentences", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modes", default="greedy,beam4")
+    ap.add_argument("--no-hf", action="store_true", help="time transduce only")
+    args = ap.parse_args()
+
+    torch.manual_seed(args.seed)
+    model = Transformer(ModelConfig.preset("small", src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)).eval()
+    batches = make_batches(args.sentences, args.batch, args.vocab, args.seed)
+    hf = None
+    if not args.no_hf:
+        import transformers
+
+        hf = to_marian(model)
+        diff = check_parity(model, hf, batches)
+        print(f"logits max |ours - Marian| = {diff:.2e} (transformers {transformers.__version__})")
+        assert diff < 1e-4, "Marian copy does not reproduce our logits"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(f"{args.sentences} sentences, batch {args.batch}, {OUT_LEN} output positions, median of {args.reps}\n")
+
+    rows = []
+    for mode in args.modes.split(","):
+        beam = 1 if mode == "greedy" else int(mode.removeprefix("beam"))
+        ours_t, hf_t = [], []
+        for _ in range(args.reps):
+            t, out = time_ours(model, batches, beam)
+            ours_t.append(t)
+            assert all(len(h[0].tokens) == OUT_LEN - 1 for b in out for h in b)
+            if hf is not None:
+                t, hf_out = time_hf(hf, batches, beam)
+                hf_t.append(t)
+                assert all(o.shape[1] == OUT_LEN + 1 for o in hf_out)  # start token + 25
+        agree = ""
+        if hf is not None and beam == 1:  # greedy tokens should agree (the random model almost never picks pad/bos)
+            same = sum(
+                h[0].tokens == o[1:OUT_LEN].tolist() for b, ob in zip(out, hf_out) for h, o in zip(b, ob)
+            )  # fmt: skip
+            agree = f"{same}/{args.sentences}"
+        rows.append((mode, statistics.median(ours_t), statistics.median(hf_t) if hf_t else None, agree))
+
+    n, toks = args.sentences, args.sentences * OUT_LEN
+    print("| mode | transduce sent/s | transduce tok/s | HF generate sent/s | HF tok/s | ratio | greedy agreement |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, ours, theirs, agree in rows:
+        hf_cols = f"{n / theirs:.1f} | {toks / theirs:.0f} | {theirs / ours:.2f}x" if theirs else "- | - | -"
+        print(f"| {mode} | {n / ours:.1f} | {toks / ours:.0f} | {hf_cols} | {agree or '-'} |")
+
+
+if __name__ == "__main__":
+    main()
