@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import random
 from typing import Any
@@ -25,6 +26,8 @@ from transduce.distributed import Dist, all_reduce_sum
 from transduce.loss import label_smoothed_nll
 from transduce.optim import build_optimizer, learning_rate, set_learning_rate
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class StepResult:
@@ -37,6 +40,19 @@ class StepResult:
     lr: float  # learning rate applied (0 when skipped)
     grad_norm: float | None  # gradient norm before clipping (None when not computed)
     skipped: bool  # True when the loss or gradient was not finite and no update was applied
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU multiplies bf16 matrices in hardware (x86 avx512_bf16 or AMX; Arm's bf16 feature).
+
+    Without it, oneDNN emulates bf16 and autocast makes CPU training much slower instead of faster.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def select_device(name: str, dist: Dist) -> torch.device:
@@ -77,6 +93,11 @@ class Trainer:
             net = torch.compile(net)  # type: ignore[assignment]
         self.net = net
         self.autocast_dtype = torch.bfloat16 if self.cfg.precision == "bf16" else None
+        if self.autocast_dtype is not None and device.type == "cpu" and not cpu_has_native_bf16():
+            log.warning(
+                "precision: bf16 on a CPU without bf16 instructions (avx512_bf16 / amx_bf16): bf16 matrix products "
+                "are emulated and were 10-15x slower than fp32 on such a machine; consider train.precision=fp32"
+            )
         if device.type == "cuda":  # TF32 matmuls on Ampere and newer: fp32 master weights, faster products
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
