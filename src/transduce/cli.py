@@ -12,6 +12,7 @@ from transduce.errors import TransduceError
 
 #: subcommand -> (module under transduce.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "quickstart": ("quickstart", "the whole path in a few minutes on a CPU, no download"),
     "prepare": ("prepare", "raw parallel text -> vocabulary and binarised corpus"),
     "train": ("train", "train a model (or --resume a run); torchrun for data parallelism"),
     "average": ("average", "average the weights of the last N checkpoints of a run"),
@@ -19,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "translate": ("translate", "translate raw text with a trained model (stdin to stdout by default)"),
     "evaluate": ("evaluate", "translate a test set and score it with sacreBLEU (BLEU, chrF)"),
     "attention": ("attention", "draw attention heatmaps of one sentence pair (PNG)"),
+    "report": ("report", "score a run on its test sets (both BLEU conventions) and write report.html"),
 }
 
 

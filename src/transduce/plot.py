@@ -93,3 +93,42 @@ def plot_attention_maps(maps: AttentionMaps, path: str | Path, *, self_attention
             )
         )
     return written
+
+
+def plot_training_curves(metrics: str | Path, path: str | Path) -> Path:
+    """Training and validation loss against updates, and validation BLEU when it was computed, from a run's
+    ``metrics.jsonl``.
+
+    Returns:
+        ``path`` as a :class:`Path`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    from transduce.runlog import read_metrics
+
+    train = read_metrics(metrics, "train")
+    valid = read_metrics(metrics, "valid")
+    with_bleu = [v for v in valid if "bleu" in v]
+    fig = Figure(figsize=(10 if with_bleu else 5.5, 3.6), layout="constrained")
+    axes = fig.subplots(1, 2 if with_bleu else 1, squeeze=False)[0]
+    ax = axes[0]
+    ax.plot([e["step"] for e in train], [e["loss"] for e in train], label="training loss", linewidth=1)
+    if valid:
+        ax.plot([e["step"] for e in valid], [e["loss"] for e in valid], "o-", label="validation loss", markersize=3)
+    ax.set_xlabel("update")
+    ax.set_ylabel("label-smoothed loss per token")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if with_bleu:
+        ax = axes[1]
+        ax.plot([e["step"] for e in with_bleu], [e["bleu"] for e in with_bleu], "o-", color="C2", markersize=3)
+        ax.set_xlabel("update")
+        ax.set_ylabel("validation BLEU")
+        ax.grid(alpha=0.3)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

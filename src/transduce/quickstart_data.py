@@ -121,8 +121,11 @@ def make_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
+SRC_SUFFIX, TGT_SUFFIX = "date", "iso"  # file suffixes, in the places of language codes
+
+
 def write_corpus(directory: str | Path, *, train: int = 30000, valid: int = 500, test: int = 1000, seed: int = 1):
-    """Write ``train``/``valid``/``test`` splits as ``{split}.src`` / ``{split}.tgt`` text files. Test and valid
+    """Write ``train``/``valid``/``test`` splits as ``{split}.date`` / ``{split}.iso`` text files. Test and valid
     pairs are drawn with other seeds; a (source, target) pair that occurs in the training split is redrawn, so
     held-out scores measure generalisation rather than memory.
 
@@ -144,6 +147,6 @@ def write_corpus(directory: str | Path, *, train: int = 30000, valid: int = 500,
             k += 1
         splits[name] = held_out
     for name, pairs in splits.items():
-        (directory / f"{name}.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-        (directory / f"{name}.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+        (directory / f"{name}.{SRC_SUFFIX}").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+        (directory / f"{name}.{TGT_SUFFIX}").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
     return directory

@@ -1,0 +1,29 @@
+"""Score a run on its validation and test sets in both BLEU conventions and write RUN_DIR/report.html: config,
+learning curves, the BLEU table with signatures, sample translations beside their references, attention maps.
+
+  transduce average runs/multi30k_en_de --last 5     # optional: the report then uses the averaged weights
+  transduce report runs/multi30k_en_de --evaluate"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from transduce.report import evaluate_run, write_report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a training run directory")
+    p.add_argument("--evaluate", action="store_true", help="translate and score the sets first (else: reuse eval/)")
+    p.add_argument("--model", help="checkpoint to evaluate (default: the newest average_last*, else the best)")
+    p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
+    p.add_argument("--length-penalty", type=float, help="GNMT alpha (default: the run's decode.length_penalty)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.evaluate:
+        decode = {k: v for k, v in (("beam", args.beam), ("length_penalty", args.length_penalty)) if v is not None}
+        result = evaluate_run(args.run_dir, model=args.model, **decode)
+        print(json.dumps(result["sets"], indent=2, ensure_ascii=False))
+    print(f"report: {write_report(args.run_dir)}")
+    return 0
