@@ -308,6 +308,8 @@ class _Run:
                 rate = speed.rate()
                 done = step - session_start_step
                 eta = (cfg.max_steps - step) * (time.monotonic() - started) / max(done, 1)
+                if cfg.max_minutes > 0:  # whichever limit comes first
+                    eta = min(eta, max(0.0, 60 * cfg.max_minutes - elapsed()))
                 self.runlog.progress(step, self.state.epoch, loss, result.lr, rate, eta)
                 self.runlog.event("train", step, epoch=self.state.epoch, loss=loss, lr=result.lr, tokens_per_s=rate,
                                   grad_norm=result.grad_norm, skipped_total=trainer.nonfinite_total)  # fmt: skip
