@@ -163,12 +163,43 @@ def test_every_pair_exactly_once_per_epoch_across_ranks_with_equal_batch_counts(
             sampler = TokenBatchSampler(src, tgt, 300, seed=1, rank=rank, world_size=world_size)
             sampler.set_epoch(epoch)
             batches = list(sampler)
-            assert len(batches) == len(sampler) and all(batches)
+            assert len(batches) == len(sampler)
+            assert all(len(b) > 0 for b in batches)  # no empty batch
             counts.add(len(batches))
             seen += [i for b in batches for i in b]
             assert all(cost(b, src) <= 300 and cost(b, tgt) <= 300 for b in batches)
         assert len(counts) == 1
         assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize(
+    ("lens", "max_tokens", "max_sentences"),
+    [([3, 3, 3], 100, 1), ([30, 30, 30], 10, 0), ([5, 30, 6, 40, 7], 10, 0), ([3] * 7, 100, 1), ([2, 4, 6, 8], 3, 0)],
+    ids=["max_sentences=1", "all-oversized", "mixed-oversized", "7-singletons", "4-oversized"],
+)
+def test_single_sentence_batches_are_merged_never_split_into_empty_ones(world_size, lens, max_tokens, max_sentences):
+    src = tgt = np.array(lens)
+    seen, counts = [], set()
+    for rank in range(world_size):
+        sampler = TokenBatchSampler(
+            src, tgt, max_tokens, seed=0, rank=rank, world_size=world_size, max_sentences=max_sentences
+        )
+        for epoch in (0, 1):
+            batches = list(sampler.iter_from(epoch))
+            assert all(len(b) > 0 for b in batches), batches
+            counts.add(len(batches))
+            if epoch == 0:
+                seen += [i for b in batches for i in b]
+    assert len(counts) == 1
+    assert sorted(seen) == list(range(len(lens)))
+
+
+def test_merging_single_sentence_batches_is_logged(caplog):
+    with caplog.at_level(logging.WARNING):
+        sampler = TokenBatchSampler([3, 3, 3], [3, 3, 3], 100, seed=0, world_size=2, max_sentences=1)
+    assert sampler.num_batches == 2
+    assert "merged 1 pair(s) of single-sentence batches (over the batch budget) so that 2 ranks" in caplog.text
 
 
 def test_ranks_at_the_same_step_get_batches_of_similar_shape():

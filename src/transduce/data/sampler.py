@@ -10,7 +10,8 @@ How batches are made (once, in the constructor):
    side (padding included, +1 for the eos / bos each side gets); both sides must fit ``max_tokens``. A pair that
    alone exceeds the budget gets a batch of its own (and one warning for all such pairs), never a crash.
 3. With ``world_size`` ranks, while the number of batches is not divisible by ``world_size`` the batch with the
-   most sentences is cut in two (a smaller extra batch). So no pair is dropped or repeated: every pair is seen
+   most sentences is cut in two (a smaller extra batch); when every batch holds one pair, neighbouring pairs are
+   merged instead (over budget, with a warning). So no pair is dropped or repeated: every pair is seen
    exactly once per epoch across all ranks, and every rank gets the same number of batches, as DDP needs.
 
 Each epoch (``set_epoch``) the batches are shuffled from ``(seed, epoch)`` in groups of ``world_size`` neighbours
@@ -182,12 +183,30 @@ def _greedy_bounds(src_cost: np.ndarray, tgt_cost: np.ndarray, max_tokens: int, 
 
 
 def _split_until_divisible(bounds: np.ndarray, world_size: int) -> np.ndarray:
-    """Cut the batch with most sentences in two until the batch count divides by ``world_size``."""
+    """Make the batch count divisible by ``world_size`` without an empty batch or a lost pair.
+
+    While the count is not divisible, the batch with most sentences is cut in two. When every batch holds a single
+    pair (``max_sentences=1``, or every pair over the budget) nothing can be cut: the shortest neighbouring pairs are
+    merged instead, two by two, and those few batches exceed the budget (with a warning).
+    """
     bounds = bounds.copy()
     while (len(bounds) - 1) % world_size:
         sizes = np.diff(bounds)
-        b = int(np.argmax(sizes))  # >= 2 sentences: there are at least world_size pairs
+        b = int(np.argmax(sizes))
+        if sizes[b] < 2:
+            break
         bounds = np.insert(bounds, b + 1, bounds[b] + sizes[b] // 2)
+    excess = (len(bounds) - 1) % world_size
+    if excess:
+        # Every batch is a single pair, so the count is the number of pairs n >= world_size, and 2 * excess <= n:
+        # merging batches (0, 1), (2, 3), ... (the shortest pairs, in length order) is always possible.
+        bounds = np.delete(bounds, np.arange(1, 2 * excess, 2))
+        log.warning(
+            "merged %d pair(s) of single-sentence batches (over the batch budget) "
+            "so that %d ranks get equal batch counts",
+            excess,
+            world_size,
+        )
     return bounds
 
 
