@@ -1,7 +1,10 @@
-"""Training: loss falls, accumulation equals one big batch, non-finite losses, kill-and-resume, signals."""
+"""Training: loss falls, accumulation equals one big batch, non-finite losses and gradients, early stopping,
+wall-time checkpoints and limits, kill-and-resume, signals, the plain log line."""
 
+import io
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+import transduce.train as train_module
 from trainkit import toy_config, write_corpus
 from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig, TrainConfig
@@ -18,6 +22,7 @@ from transduce.model import Transformer
 from transduce.runlog import read_metrics
 from transduce.train import TrainingError, train
 from transduce.trainer import Trainer
+from transduce.validate import ValidResult
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +130,98 @@ def test_nonfinite_losses_are_skipped_then_stop_training(data, tmp_path, monkeyp
 
     calls["n"], calls["bad"] = 0, set(range(25, 10_000))
     run2 = tmp_path / "run2"
-    with pytest.raises(TrainingError, match=r"3 non-finite losses in a row after step 24.*step_00000020"):
+    with pytest.raises(TrainingError, match=r"3 non-finite losses or gradients in a row after step 24.*step_00000020"):
         train(_cfg(data, run2, max_steps=40, valid_every=10, max_nonfinite=3))
+
+
+@pytest.mark.parametrize(("clip_norm", "bad"), [(0.0, math.nan), (0.0, math.inf), (1.0, math.inf)])
+def test_a_nonfinite_gradient_with_a_finite_loss_skips_the_update(clip_norm, bad):
+    config = Config(
+        model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, dropout=0.0),
+        train=TrainConfig(warmup_steps=10, clip_norm=clip_norm),
+    )
+    torch.manual_seed(0)
+    trainer = Trainer(config, Transformer(config.model), torch.device("cpu"))
+    batch = collate([([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    def poison(grad):
+        grad = grad.clone()
+        grad.view(-1)[0] = bad  # one entry of one parameter's gradient
+        return grad
+
+    hook = trainer.params[-1].register_hook(poison)
+    result = trainer.train_step([batch])
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert result.skipped and result.lr == 0.0
+    assert (trainer.step, trainer.nonfinite_in_row, trainer.nonfinite_total) == (0, 1, 1)
+    assert math.isfinite(result.loss) and not math.isfinite(result.grad_norm)
+    assert all(p.grad is None for p in trainer.params)  # the poisoned gradient is not carried into the next update
+
+    hook.remove()  # the same batch without the poison is applied: the test above is not vacuous
+    result = trainer.train_step([batch])
+    assert not result.skipped and math.isfinite(result.grad_norm) and result.grad_norm > 0
+    assert (trainer.step, trainer.nonfinite_in_row, trainer.nonfinite_total) == (1, 0, 1)
+    after = trainer.model.state_dict()
+    assert not all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+
+
+def test_patience_stops_after_validations_without_improvement(data, tmp_path, monkeypatch):
+    losses = iter([3.0, 2.0, 2.5, 2.0, 1.0])  # best at the 2nd validation; the 3rd and 4th do not improve on it
+
+    def fake_validate(*args, **kwargs):
+        loss = next(losses)
+        return ValidResult(loss=loss, nll=loss, ppl=math.exp(loss), tokens=100)
+
+    monkeypatch.setattr(train_module, "validate", fake_validate)
+    run = tmp_path / "run"
+    outcome = train(_cfg(data, run, max_steps=40, valid_every=5, best_metric="loss", patience=2, keep_last=0))
+    assert (outcome.exit_code, outcome.reason, outcome.step) == (0, "patience", 20)
+    assert outcome.last_valid.loss == 2.0
+    assert [(v["step"], v["best_step"]) for v in read_metrics(run / "metrics.jsonl", "valid")] == [
+        (5, 5), (10, 10), (15, 10), (20, 10)
+    ]  # fmt: skip
+    assert [p.name for p in ckpt.list_checkpoints(run)][-1] == "step_00000020"  # no second save at the end
+    assert ckpt.read_pointer(run, ckpt.BEST).name == "step_00000010"
+    assert "finished (patience) at step 20" in (run / "train.log").read_text()
+
+
+class _Clock:
+    """``time`` as ``transduce.train`` sees it, with a ``monotonic`` that advances only when the test says so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def __getattr__(self, name):
+        import time
+
+        return getattr(time, name)
+
+
+def test_save_every_minutes_and_max_minutes_follow_wall_time(data, tmp_path, monkeypatch):
+    clock = _Clock()
+    real = Trainer.train_step
+
+    def slow_step(self, batches):  # every update takes 30 s of the fake clock
+        clock.now += 30.0
+        return real(self, batches)
+
+    monkeypatch.setattr(train_module, "time", clock)
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    run = tmp_path / "run"
+    config = _cfg(data, run, max_steps=40, valid_every=10, save_every_minutes=2, max_minutes=8, keep_last=0)
+    outcome = train(config)
+    # 2 min = 4 updates since the last save (by time or by validation, which restarts the count); 8 min = 16 updates
+    assert (outcome.exit_code, outcome.reason, outcome.step) == (0, "max_minutes", 16)
+    assert [p.name for p in ckpt.list_checkpoints(run)] == [f"step_{s:08d}" for s in (4, 8, 10, 14, 16)]
+    assert [v["step"] for v in read_metrics(run / "metrics.jsonl", "valid")] == [10, 16]  # timed saves: no validation
+    assert ckpt.load_trainer_state(ckpt.resolve(run, prefer=ckpt.LAST))["run"]["elapsed_s"] == 16 * 30.0
+    assert "finished (max_minutes) at step 16 in 8.0 min" in (run / "train.log").read_text()
 
 
 _DRIVER = textwrap.dedent(
@@ -174,12 +269,16 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(data, tmp_path):
     assert valid[0] == valid[1]
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_143(data, tmp_path):
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_sigint_and_sigterm_save_a_checkpoint_and_exit_128_plus_the_signal(data, tmp_path, signum, code):
     run = tmp_path / "run"
-    proc = _drive(tmp_path, _cfg(data, run, max_steps=40, valid_every=10), 13, signal.SIGTERM)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    proc = _drive(tmp_path, _cfg(data, run, max_steps=40, valid_every=10), 13, signum)
+    assert proc.returncode == code, proc.stderr[-2000:]
     assert ckpt.read_pointer(run, ckpt.LAST).name == "step_00000013"
-    assert "stopped by SIGTERM at step 13; resume with: transduce train --resume" in (run / "train.log").read_text()
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_00000010", "step_00000013"]
+    ckpt.verify(run / "checkpoints" / "step_00000013")
+    log_text = (run / "train.log").read_text()
+    assert f"stopped by {signum.name} at step 13; resume with: transduce train --resume" in log_text
     assert train(resume=run, overrides=["train.max_steps=15"]).step == 15
 
 
@@ -228,3 +327,17 @@ def test_bf16_accumulation_and_validation_bleu_with_signature(data, tmp_path):
     assert 0.0 <= valid["bleu"] <= 100.0 and valid["bleu_signature"].startswith("nrefs:1")
     assert "chrf_signature" in valid
     assert read_metrics(run / "metrics.jsonl", "train")[-1]["grad_norm"] is not None
+
+
+def test_plain_log_line_every_log_interval(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: plain lines instead of a progress bar
+    run = tmp_path / "run"
+    train(_cfg(data, run, max_steps=12, log_every=5, valid_every=12))
+    events = read_metrics(run / "metrics.jsonl", "train")
+    assert [e["step"] for e in events] == [5, 10, 12]  # every log_every updates and the last one
+    lines = [ln for ln in (run / "train.log").read_text().splitlines() if " tok/s ETA " in ln]
+    assert len(lines) == len(events)
+    for line, e in zip(lines, events, strict=True):
+        head = f"step {e['step']}/12 epoch {e['epoch']} loss {e['loss']:.4f} lr {e['lr']:.3e} "
+        assert re.search(re.escape(head) + r"[\d,]+ tok/s ETA \d+:\d\d:\d\d$", line), line
+    assert lines[-1].endswith("ETA 0:00:00")

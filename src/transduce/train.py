@@ -39,7 +39,7 @@ from transduce.errors import TransduceError
 from transduce.model import Transformer
 from transduce.runlog import RunLog, Throughput, truncate_metrics
 from transduce.tokenizer import Tokenizer
-from transduce.trainer import Trainer, rng_state, select_device, set_rng_state
+from transduce.trainer import StepResult, Trainer, rng_state, select_device, set_rng_state
 from transduce.validate import ValidResult, read_references, validate
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ CONFIG_FILE = "config.yaml"
 
 
 class TrainingError(TransduceError, RuntimeError):
-    """Training cannot go on (non-finite losses, an unusable run directory)."""
+    """Training cannot go on (non-finite losses or gradients, an unusable run directory)."""
 
 
 @dataclasses.dataclass
@@ -345,17 +345,20 @@ class _Run:
         self.runlog.info("finished (%s) at step %d in %.1f min", reason, trainer.step, elapsed() / 60)
         return TrainOutcome(0, reason, trainer.step, self.run_dir, last_valid)
 
-    def _nonfinite(self, result: Any) -> None:
+    def _nonfinite(self, result: StepResult) -> None:
         trainer = self.trainer
-        self.runlog.event("nonfinite", trainer.step, loss=str(result.loss), in_row=trainer.nonfinite_in_row,
-                          total=trainer.nonfinite_total)  # fmt: skip
-        log.warning("non-finite loss (%s) at step %d: update skipped (%d in a row)", result.loss, trainer.step + 1,
+        self.runlog.event("nonfinite", trainer.step, loss=str(result.loss), grad_norm=str(result.grad_norm),
+                          in_row=trainer.nonfinite_in_row, total=trainer.nonfinite_total)  # fmt: skip
+        # the trainer measures the gradient norm only after a finite loss
+        what = f"loss ({result.loss})" if result.grad_norm is None else f"gradient norm ({result.grad_norm})"
+        log.warning("non-finite %s at step %d: update skipped (%d in a row)", what, trainer.step + 1,
                     trainer.nonfinite_in_row)  # fmt: skip
         if trainer.nonfinite_in_row >= self.cfg.max_nonfinite:
             last = ckpt.read_pointer(self.run_dir, ckpt.LAST)
             where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-            raise TrainingError(f"{trainer.nonfinite_in_row} non-finite losses in a row after step {trainer.step}; "
-                                f"stopping ({where}). Lower the learning rate or try precision: fp32.")  # fmt: skip
+            raise TrainingError(f"{trainer.nonfinite_in_row} non-finite losses or gradients in a row after step "
+                                f"{trainer.step}; stopping ({where}). Lower the learning rate or try "
+                                "precision: fp32.")  # fmt: skip
 
 
 def train(config: Config | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None

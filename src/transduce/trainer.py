@@ -38,7 +38,7 @@ class StepResult:
     tokens: int  # target tokens in the update
     src_tokens: int  # source tokens in the update
     lr: float  # learning rate applied (0 when skipped)
-    grad_norm: float | None  # gradient norm before clipping (None when not computed)
+    grad_norm: float | None  # gradient norm before clipping (None when the loss was not finite)
     skipped: bool  # True when the loss or gradient was not finite and no update was applied
 
 
@@ -142,9 +142,11 @@ class Trainer:
             for p in self.params:
                 if p.grad is not None:
                     p.grad.mul_(scale)
-            if self.cfg.clip_norm > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_norm))
-                finite = math.isfinite(grad_norm)
+            # the norm is measured even without clipping: a finite loss can still have inf/NaN gradients, and one
+            # Adam step with them would corrupt every weight (a non-finite norm leaves the weights untouched)
+            max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf  # inf: measure, never rescale
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+            finite = math.isfinite(grad_norm)
         result = StepResult(
             loss=total_loss / max(tokens, 1.0),
             nll=total_nll / max(tokens, 1.0),
