@@ -55,6 +55,18 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     assert list(read_lines(path, errors="skip")) == [(1, "fine"), (3, "fine again")]
 
 
+def test_invalid_utf8_replaced_keeps_every_line_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "bad.en"
+    path.write_bytes(b"fine\nbr\xffoken\nfine again\n")
+    with caplog.at_level(logging.WARNING):
+        assert list(read_lines(path, errors="replace")) == [(1, "fine"), (2, "br\ufffdoken"), (3, "fine again")]
+    assert f"{path}, line 2: not valid UTF-8 (byte 0xff at column 3): replaced the invalid bytes" in caplog.text
+    with pytest.raises(DataError, match=r"column 3\); try this$"):
+        list(read_lines(path, hint="try this"))
+    with pytest.raises(ValueError, match="errors must be one of"):
+        list(read_lines(path, errors="ignore"))
+
+
 def test_unequal_line_counts_name_both_files_and_counts(tmp_path):
     (tmp_path / "c.en").write_text("1\n2\n3\n4\n5\n")
     (tmp_path / "c.de").write_text("1\n2\n3\n")

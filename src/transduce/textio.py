@@ -5,7 +5,9 @@ vertical tab; a sentence containing one of them would become two lines on one si
 every later pair. Reading bytes and splitting on ``b"\\n"`` keeps the two sides aligned. A trailing ``\\r`` (Windows
 line ends) and a UTF-8 byte-order mark at the start of the file are removed.
 
-Translation reads its input with the same helpers, so a bad byte is reported the same way everywhere::
+A line that is not UTF-8 is handled by one rule, :func:`decode_line`: raise (naming file, line and byte), skip it,
+or keep it with U+FFFD for each bad byte. Preparation, validation references and translation all read through it,
+so a bad byte is reported and replaced the same way everywhere::
 
     for lineno, line in read_lines("test.en.gz"):  # lineno counts from 1
         ...
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import logging
 import sys
 import zlib
 from collections.abc import Iterator
@@ -25,7 +28,10 @@ from typing import BinaryIO
 
 from transduce.errors import DataError
 
+log = logging.getLogger(__name__)
+
 GZIP_MAGIC = b"\x1f\x8b"
+ERRORS = ("strict", "skip", "replace")  # what readers may do with a line that is not UTF-8
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -65,8 +71,14 @@ def open_binary(path: str | Path) -> BinaryIO:
     return raw
 
 
-def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
-    """Decode one line (as :func:`iter_raw_lines` yields it) as strict UTF-8.
+def decode_line(raw: bytes, path: str | Path, lineno: int, errors: str = "strict", *, hint: str = "") -> str | None:
+    """Decode one line (as :func:`iter_raw_lines` yields it) as UTF-8: the one rule every reader of text follows.
+
+    Args:
+        raw, path, lineno: the line's bytes, its file and its number (from 1), for the message.
+        errors: what to do when the line is not UTF-8. ``"strict"``: raise :class:`DataError`; ``"skip"``: return
+            None; ``"replace"``: return the text with U+FFFD for each bad byte and log a warning naming the line.
+        hint: appended to the strict error message after ``"; "`` (how to get past it).
 
     Raises:
         DataError: ``path, line N: not valid UTF-8 (byte 0xff at column 7)``; the column counts bytes from 1.
@@ -74,9 +86,13 @@ def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path}, line {lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
-        ) from None
+        message = f"{path}, line {lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+    if errors == "skip":
+        return None
+    if errors == "replace":
+        log.warning("%s: replaced the invalid bytes with U+FFFD", message)
+        return raw.decode("utf-8", errors="replace")
+    raise DataError(f"{message}; {hint}" if hint else message)
 
 
 def iter_raw_lines(path: str | Path) -> Iterator[bytes]:
@@ -100,25 +116,25 @@ def iter_raw_lines(path: str | Path) -> Iterator[bytes]:
             raise DataError(f"{path}: corrupt or truncated gzip file ({e})") from None
 
 
-def read_lines(path: str | Path, *, errors: str = "strict") -> Iterator[tuple[int, str]]:
+def read_lines(path: str | Path, *, errors: str = "strict", hint: str = "") -> Iterator[tuple[int, str]]:
     """The lines of a plain or gzipped text file with their line numbers (from 1).
 
     Args:
         path: the file (``.gz`` or not, detected from its content) or ``"-"`` for standard input.
-        errors: ``"strict"`` raises :class:`DataError` at the first line that is not UTF-8; ``"skip"`` leaves such
-            lines out (their numbers are missing from the sequence).
+        errors: for lines that are not UTF-8 (see :func:`decode_line`): ``"strict"`` raises :class:`DataError` at
+            the first; ``"skip"`` leaves them out (their numbers are missing from the sequence); ``"replace"`` keeps
+            them with U+FFFD for each bad byte (and a warning), so every line is there.
+        hint: appended to the strict error message.
 
     Returns:
         An iterator of ``(lineno, text)``; ``text`` has no line end.
     """
-    if errors not in ("strict", "skip"):
-        raise ValueError(f"errors must be 'strict' or 'skip', got {errors!r}")
+    if errors not in ERRORS:
+        raise ValueError(f"errors must be one of {', '.join(map(repr, ERRORS))}, got {errors!r}")
     for lineno, raw in enumerate(iter_raw_lines(path), start=1):
-        try:
-            yield lineno, decode_line(raw, path, lineno)
-        except DataError:
-            if errors == "strict":
-                raise
+        text = decode_line(raw, path, lineno, errors, hint=hint)
+        if text is not None:
+            yield lineno, text
 
 
 def count_lines(path: str | Path) -> int:
@@ -235,23 +251,15 @@ def read_parallel(
     Args:
         src_path, tgt_path: the two sides of a parallel corpus.
         errors: ``"strict"``: a line that is not UTF-8 raises :class:`DataError` naming the file and line;
-            ``"skip"``: the pair is yielded with ``None`` for the side(s) that failed to decode.
+            ``"skip"``: the pair is yielded with ``None`` for the side(s) that failed to decode; ``"replace"``: with
+            U+FFFD for each bad byte (see :func:`decode_line`).
 
     Raises:
         DataError: invalid UTF-8 (strict), or the files have different numbers of lines (see
             :func:`iter_raw_pairs`).
     """
     for lineno, s, t in iter_raw_pairs(src_path, tgt_path):
-        yield lineno, _decode(s, src_path, lineno, errors), _decode(t, tgt_path, lineno, errors)
-
-
-def _decode(raw: bytes, path: str | Path, lineno: int, errors: str) -> str | None:
-    if errors == "strict":
-        return decode_line(raw, path, lineno)
-    try:
-        return decode_line(raw, path, lineno)
-    except DataError:
-        return None
+        yield lineno, decode_line(s, src_path, lineno, errors), decode_line(t, tgt_path, lineno, errors)
 
 
 def write_lines(lines: Iterator[str] | list[str], path: str | Path) -> None:

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from transduce.config import DecodeConfig
-from transduce.errors import DataError
-from transduce.search import Hypothesis, generate
+from transduce.search import Hypothesis, generate, length_batches
 from transduce.search.common import pad_sequences
+from transduce.textio import read_lines
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,8 @@ class Translator:
             segments.extend((i, j, [*part, eos]) for j, part in enumerate(parts))
 
         results: dict[tuple[int, int], list[Hypothesis]] = {}
-        for batch in _batches(segments, cfg.max_tokens, width):
+        for indices in length_batches([len(seg[2]) for seg in segments], cfg.max_tokens, width):
+            batch = [segments[k] for k in indices]
             src = pad_sequences([seg[2] for seg in batch], self.model.config.pad_id, self.device)
             for seg, hyps in zip(batch, generate(self.model, src, cfg)):
                 results[seg[0], seg[1]] = hyps
@@ -294,25 +295,6 @@ class AttentionMaps:
     cross: torch.Tensor
 
 
-def _batches(
-    segments: list[tuple[int, int, list[int]]], max_tokens: int, width: int
-) -> Iterator[list[tuple[int, int, list[int]]]]:
-    """Segments sorted by length (longest first), grouped so that sentences x width x longest source <= max_tokens
-    (a single over-budget segment gets a batch of its own)."""
-    ordered = sorted(segments, key=lambda s: -len(s[2]))
-    batch: list[tuple[int, int, list[int]]] = []
-    longest = 0
-    for seg in ordered:
-        longest_if = max(longest, len(seg[2]))
-        if batch and (len(batch) + 1) * width * longest_if > max_tokens:
-            yield batch
-            batch, longest_if = [], len(seg[2])
-        batch.append(seg)
-        longest = longest_if
-    if batch:
-        yield batch
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # input text
 
@@ -324,13 +306,5 @@ def read_source_lines(path: str | Path, *, replace_invalid: bool = False) -> Ite
         replace_invalid: replace bytes that are not UTF-8 with U+FFFD (and warn with the line number) instead of
             raising :class:`transduce.errors.DataError` naming the line.
     """
-    from transduce.textio import decode_line, iter_raw_lines
-
-    for lineno, raw in enumerate(iter_raw_lines(path), start=1):
-        try:
-            yield lineno, decode_line(raw, path, lineno)
-        except DataError as e:
-            if not replace_invalid:
-                raise DataError(f"{e}; use --replace-invalid to translate it with U+FFFD in place") from None
-            log.warning("%s: replaced the invalid bytes with U+FFFD", e)
-            yield lineno, decode_line(raw.decode("utf-8", errors="replace").encode("utf-8"), path, lineno)
+    errors = "replace" if replace_invalid else "strict"
+    yield from read_lines(path, errors=errors, hint="use --replace-invalid to translate it with U+FFFD in place")

@@ -81,7 +81,9 @@ def read_references(dataset: ParallelDataset, tokenizer: Tokenizer) -> tuple[lis
     except KeyError:
         path = None
     if path is not None and path.exists():
-        lines = [line for _, line in read_lines(path)]
+        # the rule prepare follows for validation lines (kept with U+FFFD when data.skip_invalid_utf8, else they
+        # never got past prepare): every line stays, so line_index still points at the right one
+        lines = [line for _, line in read_lines(path, errors="replace")]
         return [tokenizer.normalise(lines[int(i)]) for i in dataset.line_index], "raw"
     return [tokenizer.decode_tgt(dataset[i][1].tolist()) for i in range(len(dataset))], "decoded ids"
 
@@ -92,27 +94,19 @@ def validation_translations(
     dist: Dist, limit: int = 0,
 ) -> list[str]:  # fmt: skip
     """Greedy/beam translations of the first ``limit`` sentences (0: all), in dataset order, on rank 0 (others: [])."""
-    from transduce.search import generate
+    from transduce.search import generate, length_batches
 
     model.eval()
     n = min(limit, len(dataset)) if limit else len(dataset)
     mine = np.arange(dist.rank, n, dist.world_size)
     decode_cfg = config.decode.replace(beam=config.train.valid_beam, nbest=1, sampling=False)
-    order = mine[np.argsort(dataset.src_lengths[mine], kind="stable")]  # similar lengths share a batch
+    width = decode_cfg.beam  # hypotheses per sentence in the search: the budget counts sentences x beam x length
     out: dict[int, str] = {}
-    start = 0
-    while start < len(order):
-        longest, end = 0, start
-        while end < len(order):
-            longest = max(longest, int(dataset.src_lengths[order[end]]) + 1)
-            if (end - start + 1) * longest > decode_cfg.max_tokens and end > start:
-                break
-            end += 1
-        chunk = order[start:end]
+    for indices in length_batches((dataset.src_lengths[mine] + 1).tolist(), decode_cfg.max_tokens, width):
+        chunk = mine[indices]  # similar lengths share a batch
         src = collate([(dataset[int(i)][0], np.zeros(0, np.int64)) for i in chunk]).src.to(device)
         for i, hyps in zip(chunk, generate(model, src, decode_cfg)):
             out[int(i)] = tokenizer.decode_tgt(hyps[0].tokens)
-        start = end
     if dist.enabled:
         gathered: list[dict[int, str] | None] = [None] * dist.world_size
         tdist.all_gather_object(gathered, out)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from transduce.errors import DataError
 from transduce.textio import decode_line
 from transduce.tokenizer import Tokenizer
 
@@ -74,15 +73,6 @@ def init_worker(options: EncodeOptions) -> None:
     _state["tokenizer"] = Tokenizer.load(Path(options.tokenizer_dir))
 
 
-def _decode(raw: bytes, path: str, lineno: int, lenient: bool) -> str | None:
-    try:
-        return decode_line(raw, path, lineno)
-    except DataError as e:
-        if not lenient:
-            raise DataError(f"{e}; {UTF8_HINT}") from None
-        return None
-
-
 def _decode_all(raws: list[bytes], path: str, first_line: int, lenient: bool) -> list[str | None]:
     """Decode lines at once (one ``decode`` call for the chunk); line by line only when something is not UTF-8."""
     if not raws:
@@ -90,7 +80,8 @@ def _decode_all(raws: list[bytes], path: str, first_line: int, lenient: bool) ->
     try:
         return b"\n".join(raws).decode("utf-8").split("\n")  # lines hold no \n: the split restores them exactly
     except UnicodeDecodeError:
-        return [_decode(raw, path, first_line + k + 1, lenient) for k, raw in enumerate(raws)]
+        errors = "skip" if lenient else "strict"
+        return [decode_line(raw, path, first_line + k + 1, errors, hint=UTF8_HINT) for k, raw in enumerate(raws)]
 
 
 def pair_hash(src: bytes, tgt: bytes) -> int:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from transduce.config import DecodeConfig
 from transduce.search.beam import beam_search, beam_step
-from transduce.search.common import Hypothesis, SearchModel, length_penalty, max_lengths, rescore
+from transduce.search.common import Hypothesis, SearchModel, length_batches, length_penalty, max_lengths, rescore
 from transduce.search.greedy import filter_logits, greedy_search, sample
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "filter_logits",
     "generate",
     "greedy_search",
+    "length_batches",
     "length_penalty",
     "max_lengths",
     "rescore",

@@ -1,5 +1,6 @@
 """What every search shares: the hypothesis value, the model protocol, lengths, the length penalty, the constraints
-on the next token (special ids, minimum and maximum length, repeated n-grams) and the full-forward rescoring.
+on the next token (special ids, minimum and maximum length, repeated n-grams), the full-forward rescoring and the
+batching of sentences for decoding.
 
 Conventions (for every function of :mod:`transduce.search`):
 
@@ -18,7 +19,7 @@ Conventions (for every function of :mod:`transduce.search`):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -152,6 +153,30 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.devi
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
     return out.to(device)
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int, width: int = 1) -> Iterator[list[int]]:
+    """Group sentences for decoding: indices sorted by length (longest first), cut so that
+    ``sentences x width x longest <= max_tokens``, the budget the search's (B * width, S) tensors use.
+
+    Args:
+        lengths: each sentence's padded-row length, EOS included.
+        max_tokens: the budget (``DecodeConfig.max_tokens``).
+        width: hypotheses per sentence in the search (the beam, or the samples).
+    Returns:
+        Lists of indices into ``lengths``; a sentence alone over the budget gets a batch of its own.
+    """
+    batch: list[int] = []
+    longest = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: equal lengths keep input order
+        longest_if = max(longest, lengths[i])
+        if batch and (len(batch) + 1) * width * longest_if > max_tokens:
+            yield batch
+            batch, longest_if = [], lengths[i]
+        batch.append(i)
+        longest = longest_if
+    if batch:
+        yield batch
 
 
 @torch.inference_mode()
