@@ -32,7 +32,7 @@ import torch.distributed as tdist
 
 from transduce import checkpoint as ckpt
 from transduce.config import Config
-from transduce.data import ParallelDataset, TokenBatchSampler, collate, prepare, read_manifest
+from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
 from transduce.distributed import Dist, all_reduce_sum, broadcast_object, setup, teardown
 from transduce.errors import TransduceError
@@ -186,6 +186,12 @@ class _Run:
         if resume:
             self._restore()
         self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step)
+        padding = padding_stats(self.sampler)  # padding is compute spent on nothing: say how much there is
+        self.runlog.info(
+            "batches: %d per epoch (all ranks), padding %.1f%% of tokens (source %.1f%%, target %.1f%%)",
+            padding["batches"], 100 * padding["padding_share"], 100 * padding["src_padding_share"],
+            100 * padding["tgt_padding_share"],
+        )  # fmt: skip
 
     def _splits(self) -> list[str]:
         return list(read_manifest(self.prepared).get("splits", {}))
