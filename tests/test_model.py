@@ -1,6 +1,8 @@
 """The Transformer against the paper and against torch.nn.Transformer."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -296,3 +298,17 @@ def test_activation_options():
     src, tgt = batch()
     outs = [make(activation=a)(src, tgt) for a in ("relu", "gelu", "swish")]
     assert not torch.allclose(outs[0], outs[1]) and not torch.allclose(outs[1], outs[2])
+
+
+def test_seeded_initialisation_is_reproducible_across_processes():
+    """Module order must not depend on object ids: two interpreters with one seed build the same weights."""
+    code = (
+        "import torch, hashlib\n"
+        "from transduce import ModelConfig, Transformer\n"
+        "torch.manual_seed(0)\n"
+        "m = Transformer(ModelConfig.preset('test', src_vocab_size=40, tgt_vocab_size=50, share_vocab=False))\n"
+        "print(hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in m.parameters())).hexdigest())\n"
+    )
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+               for _ in range(3)}  # fmt: skip
+    assert len(digests) == 1

@@ -305,7 +305,7 @@ class TrainConfig(_Section):
     keep_last: int = 5  # keep this many most recent checkpoints (the paper averaged the last 5)
     save_every_minutes: float = 0.0  # also write a checkpoint every M minutes (the paper: 10); 0: off
     patience: int = 0  # stop after this many validations without improvement; 0: off
-    max_nonfinite: int = 10  # stop after this many non-finite losses in a row
+    max_nonfinite: int = 10  # stop after this many updates in a row with a non-finite loss or gradient
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "accumulate", "warmup_steps", "adam_eps", "peak_lr", "lr_scale"):

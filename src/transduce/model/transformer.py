@@ -70,7 +70,7 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
         self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)  # pre-softmax projection
-        for emb in {self.src_embed, self.tgt_embed}:
+        for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):  # each once, in a fixed order (not a set)
             nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)  # so that scaled embeddings have unit variance
             with torch.no_grad():
                 emb.weight[cfg.pad_id].zero_()
