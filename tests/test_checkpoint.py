@@ -1,5 +1,6 @@
 """Checkpoints: round trip, run-directory resolution, atomic writes, clear errors, averaging."""
 
+import hashlib
 import json
 import re
 
@@ -163,3 +164,13 @@ def test_average_command_writes_a_loadable_checkpoint(tmp_path, vocab):
     expected = (models[1].output.weight + models[2].output.weight) / 2
     assert torch.allclose(avg.output.weight, expected, atol=1e-7)
     assert vocab_dir == run / "average_last2" / "vocab"
+
+
+def test_manifest_checksums_are_the_sha256_of_each_file(tmp_path, vocab):
+    config = _config()
+    out = ckpt.save_model(tmp_path / "m", Transformer(config.model), config, vocab)
+    manifest = ckpt.verify(out)
+    assert manifest["files"]
+    for name, entry in manifest["files"].items():
+        assert entry["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+    assert not hasattr(ckpt, "_sha256_file")  # one file hash in the package: transduce.textio.sha256_file

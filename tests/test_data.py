@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import logging
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from transduce.data import Batch, TokenBatchSampler, collate, padding_stats
+from transduce.data import Batch, TokenBatchSampler, collate, padding_stats, read_manifest
+from transduce.data.output import read_json
 from transduce.errors import DataError
 from transduce.special import BOS_ID, EOS_ID, PAD_ID
 from transduce.textio import count_lines, read_lines, read_parallel, resolve_corpus_file
@@ -78,6 +80,20 @@ def test_unequal_line_counts_name_both_files_and_counts(tmp_path):
     )
     with pytest.raises(DataError, match=r"c\.de has 3 lines but .*c\.en has 5"):
         list(read_parallel(tmp_path / "c.de", tmp_path / "c.en"))
+
+
+def test_json_files_of_a_prepared_directory_name_the_file_and_the_problem(tmp_path):
+    missing = tmp_path / "nothing.json"
+    with pytest.raises(DataError, match=rf"^{re.escape(str(missing))}: file not found$"):
+        read_json(missing)
+    manifest = tmp_path / "manifest.json"
+    with pytest.raises(DataError, match=r": file not found \(run `transduce prepare` first\)$"):
+        read_manifest(tmp_path)
+    manifest.write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(manifest))}: not valid JSON \("):
+        read_manifest(tmp_path)
+    manifest.write_text('{"splits": {}}', encoding="utf-8")
+    assert read_manifest(tmp_path) == read_json(manifest) == {"splits": {}}
 
 
 def test_corpus_files_plain_or_gzip_and_missing(tmp_path):

@@ -46,6 +46,7 @@ from safetensors.torch import save_model as _st_save_model
 from transduce.config import Config, ConfigError
 from transduce.errors import CheckpointError
 from transduce.model import Transformer
+from transduce.textio import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +118,6 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Replace ``path`` by ``text`` atomically (temporary file, fsync, rename, fsync of the directory)."""
     path = Path(path)
@@ -192,7 +185,7 @@ def write_checkpoint(
     manifest = {
         "format": FORMAT_VERSION,
         "step": step,
-        "files": {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256_file(p)} for p in files},
+        "files": {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files},
     }
     with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2)
@@ -292,7 +285,7 @@ def verify(checkpoint: str | Path, *, checksums: bool = True) -> dict[str, Any]:
         size = p.stat().st_size
         if size != entry["bytes"]:
             raise CheckpointError(f"{p}: truncated or overwritten: {size} bytes, the manifest says {entry['bytes']}")
-        if checksums and _sha256_file(p) != entry["sha256"]:
+        if checksums and sha256_file(p) != entry["sha256"]:
             raise CheckpointError(f"{p}: corrupt: sha256 differs from the one in {MANIFEST_FILE}")
     return manifest
 

@@ -14,12 +14,12 @@ Writing appends to these files chunk by chunk, so a corpus never has to fit in m
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from transduce.data.output import read_json
 from transduce.errors import DataError
 
 MANIFEST_FILE = "manifest.json"
@@ -89,13 +89,7 @@ def read_manifest(prepared_dir: str | Path) -> dict[str, Any]:
     Raises:
         DataError: the directory or its manifest is missing or unreadable.
     """
-    path = Path(prepared_dir) / MANIFEST_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found (run `transduce prepare` first)") from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
+    return read_json(Path(prepared_dir) / MANIFEST_FILE, missing_hint="run `transduce prepare` first")
 
 
 class ParallelDataset:

@@ -63,10 +63,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON file's content; a :class:`DataError` naming the file if it cannot be read."""
+def read_json(path: Path, *, missing_hint: str = "") -> dict[str, Any]:
+    """A JSON file's content.
+
+    Args:
+        missing_hint: what to do when the file is missing, added to that message in parentheses.
+
+    Raises:
+        DataError: naming the file: not found, not readable or not valid JSON.
+    """
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found" + (f" ({missing_hint})" if missing_hint else "")) from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
 
