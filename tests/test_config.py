@@ -53,6 +53,9 @@ def test_types_and_choices_are_checked_with_the_key_named():
     with pytest.raises(ConfigError, match=r"precision: 'fp16' is not one of 'fp32', 'bf16'"):
         TrainConfig(precision="fp16")
     assert TrainConfig.from_dict({"peak_lr": 1}).peak_lr == 1.0  # an integer is a valid float
+    assert TrainConfig.from_dict({"peak_lr": "1e-3"}).peak_lr == 0.001  # YAML reads 1e-3 as a string
+    with pytest.raises(ConfigError, match=r"peak_lr: expected a number, got str 'fast'"):
+        TrainConfig.from_dict({"peak_lr": "fast"})
 
 
 def test_yaml_file_with_preset_and_dotted_overrides(tmp_path):

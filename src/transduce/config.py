@@ -75,6 +75,11 @@ def _coerce(where: str, value: Any, tp: Any) -> Any:
     if tp is Any:
         return value
     if tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string: accept any float literal
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
         return float(value)
