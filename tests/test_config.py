@@ -1,5 +1,7 @@
 """Configuration: round trips, presets, validation messages, overrides."""
 
+from pathlib import Path
+
 import pytest
 
 from transduce.config import Config, ConfigError, DecodeConfig, ModelConfig, TrainConfig, apply_overrides
@@ -77,3 +79,13 @@ def test_overrides_do_not_change_their_input():
     assert data == {"train": {"seed": 1}}
     with pytest.raises(ConfigError, match="expected section.key=value"):
         apply_overrides(data, ["train.seed"])
+
+
+@pytest.mark.parametrize("name", ["example", "toy", "multi30k_en_de", "multi30k_de_en", "multi30k_en_fr"])
+def test_shipped_configs_load(name):
+    root = Path(__file__).parents[1] / "configs"
+    cfg = Config.load(root / f"{name}.yaml")
+    if name.startswith("multi30k"):
+        src, tgt = name.split("_")[1:]
+        assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.model.norm) == (src, tgt, "pre")
+        assert cfg.data.train.endswith("multi30k/train") and cfg.train.run_dir == f"runs/{name}"
