@@ -131,3 +131,52 @@ def make_checkpoint(directory: Path, *, max_len_b: int = 5, seed: int = 0) -> Pa
     model_cfg = ModelConfig.preset("test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
     config = Config(model=model_cfg, decode=DecodeConfig(max_len_b=max_len_b))
     return save_model(directory / "model", Transformer(model_cfg).eval(), config, vocab_dir)
+
+
+COPY_WORDS = ["a", "man", "dog", "rides", "the", "red", "bike", "near", "two", "girls", "play", "on", "grass", "café"]
+
+
+def copy_sentences(n: int, seed: int) -> list[str]:
+    """``n`` random sentences of 1-5 words from :data:`COPY_WORDS`, ending with a full stop."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(COPY_WORDS) for _ in range(rng.randint(1, 5))) + "." for _ in range(n)]
+
+
+def train_copy_checkpoint(
+    directory: Path, *, steps: int = 300, lr: float = 1e-2, norm: str = "post", seed: int = 0
+) -> Path:
+    """A standalone checkpoint of a small model (2+2 layers, d_model 64) with a real SentencePiece vocabulary,
+    trained in a few seconds to copy word sentences (target = source). Unlike :func:`make_checkpoint`'s random
+    model, its translations are confident and exact, so other decoders (Hugging Face, CTranslate2, the server)
+    must reproduce them token for token. Returns the checkpoint directory ``directory/model``."""
+    from transduce.checkpoint import save_model
+    from transduce.config import Config, DecodeConfig
+    from transduce.search.common import pad_sequences
+    from transduce.tokenizer import Tokenizer
+
+    vocab_dir = directory / "vocab"
+    tok = Tokenizer.train(vocab_dir, copy_sentences(400, seed), vocab_size=300)
+    torch.manual_seed(seed)
+    cfg = ModelConfig.preset(
+        "test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, dropout=0.0, d_model=64,
+        d_ff=128, norm=norm,
+    )  # fmt: skip
+    model = Transformer(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
+    rng = random.Random(seed)
+    model.train()
+    with one_thread():
+        for _ in range(steps):
+            ids = tok.encode_src_batch(copy_sentences(64, seed=rng.randrange(1 << 30)))
+            src = pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID)
+            tgt_in = pad_sequences([[BOS_ID, *s] for s in ids], PAD_ID)
+            tgt_out = pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID)
+            logits = model(src, tgt_in)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    config = Config(model=cfg, decode=DecodeConfig(beam=4))
+    return save_model(directory / "model", model.eval(), config, vocab_dir)

@@ -57,8 +57,10 @@ MANIFEST_FILE = "manifest.json"
 VOCAB_DIR = "vocab"
 CHECKPOINTS_DIR = "checkpoints"
 LAST, BEST = "last", "best"
-_VOCAB_PATTERNS = ("*.model", "*.vocab", "tokenizer.json")
-_VOCAB_IDENTITY = ("*.model", "tokenizer.json")  # .vocab files are derived from .model files
+# ours: SentencePiece *.model (+ derived *.vocab) and tokenizer.json; an imported Marian vocabulary (transduce.interop):
+# source.spm / target.spm with vocab.json (and target_vocab.json) mapping pieces to the model's ids
+_VOCAB_PATTERNS = ("*.model", "*.vocab", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json")
+_VOCAB_IDENTITY = ("*.model", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json")  # not *.vocab: derived
 
 
 @dataclasses.dataclass(frozen=True)

@@ -177,6 +177,7 @@ class ModelConfig(_Section):
     max_positions: int = 1024  # longest sequence for learned positions (sinusoidal ones have no limit)
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (§3.4)
     bias: bool = True  # biases in the attention projections (the feed-forward biases of the paper are always on)
+    output_bias: bool = False  # a bias on the pre-softmax projection (not in the paper; Marian's final_logits_bias)
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID

@@ -14,3 +14,7 @@ class DataError(TransduceError, ValueError):
 
 class CheckpointError(TransduceError, ValueError):
     """A checkpoint that is missing, corrupt, truncated or does not match the model or vocabulary."""
+
+
+class InteropError(TransduceError, ValueError):
+    """A model that another toolkit's format cannot express, or a foreign model this version cannot read."""

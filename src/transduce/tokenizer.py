@@ -118,7 +118,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
-        """Load the tokenizer that :meth:`train` (or ``transduce prepare``) wrote into ``directory``.
+        """Load the tokenizer that :meth:`train` (or ``transduce prepare``) wrote into ``directory``, or the
+        :class:`transduce.interop.marian.MarianVocab` of a model imported from Hugging Face.
 
         Raises:
             DataError: files are missing or the special ids differ from :mod:`transduce.special`.
@@ -130,6 +131,10 @@ class Tokenizer:
             raise DataError(f"{directory / TOKENIZER_FILE}: file not found (not a prepared directory?)") from None
         except json.JSONDecodeError as e:
             raise DataError(f"{directory / TOKENIZER_FILE}: not valid JSON ({e})") from None
+        if meta.get("kind") == "marian":  # a vocabulary imported from a Hugging Face Marian model
+            from transduce.interop.marian import MarianVocab
+
+            return MarianVocab(directory, meta)  # type: ignore[return-value]  (the same methods)
         if meta.get("special_ids") != SPECIAL_IDS:
             raise DataError(
                 f"{directory / TOKENIZER_FILE}: special ids {meta.get('special_ids')} differ from this version's "
@@ -156,6 +161,10 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         """Number of target ids, special ids included."""
         return self._tgt.get_piece_size()
+
+    def model_protos(self) -> tuple[bytes, bytes]:
+        """The serialised SentencePiece models of the source and target side (the same bytes when joint)."""
+        return self._src.serialized_model_proto(), self._tgt.serialized_model_proto()
 
     def normalise(self, text: str) -> str:
         """The text normalisation applied before SentencePiece's own (NFKC, whitespace): lowercasing if set."""

@@ -110,13 +110,12 @@ class Translator:
         decode: DecodeConfig | None = None,
         max_input_tokens: int | None = None,
     ) -> Translator:
-        """A translator from a run directory or a checkpoint file, with the run's decoding configuration unless
-        ``decode`` is given."""
-        from transduce.checkpoint import load_model
-        from transduce.tokenizer import Tokenizer
+        """A translator from a run directory, a checkpoint, or a Hugging Face Marian model directory (an opus-mt
+        model, for example; needs the ``interop`` extra), with the model's decoding configuration unless ``decode``
+        is given."""
+        from transduce.interop.marian import load_any
 
-        model, config, vocab_dir = load_model(path, device)
-        tokenizer = Tokenizer.load(vocab_dir)
+        model, config, tokenizer = load_any(path, device)
         return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens)
 
     # ------------------------------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"  # pre-norm stacks end with a LayerNorm; post-norm layers already end normalised
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)  # pre-softmax projection
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)  # pre-softmax projection
         for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):  # each once, in a fixed order (not a set)
             nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)  # so that scaled embeddings have unit variance
             with torch.no_grad():
@@ -78,6 +78,8 @@ class Transformer(nn.Module):
             self.output.weight = self.tgt_embed.weight  # §3.4: one matrix for embedding and pre-softmax
         else:
             nn.init.normal_(self.output.weight, std=cfg.d_model**-0.5)
+        if self.output.bias is not None:
+            nn.init.zeros_(self.output.bias)
 
     # ------------------------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,633 @@
+"""Hugging Face Marian in and out.
+
+``export_hf(RUN, OUT)`` writes a directory that ``transformers.MarianMTModel.from_pretrained`` and
+``MarianTokenizer.from_pretrained`` load with no code of ours; ``load_hf(DIR)`` / ``import_hf(DIR, OUT)`` read a
+Marian model (the public opus-mt models included) into our :class:`~transduce.model.Transformer`, so our beam
+search, server and tools work with it.
+
+The two architectures are the same function up to one detail: Marian's sinusoidal position table puts the sines
+of all frequencies first and the cosines second (``[sin | cos]``), ours interleaves them (``sin, cos, sin, ...``)
+as the paper writes the formula. Nothing else in a Transformer depends on the order of the residual-stream
+dimensions (LayerNorm is elementwise, every projection reads or writes whole vectors), so the conversion permutes
+those dimensions: embedding columns, the input columns of every projection that reads the stream, the output rows
+(and biases) of every projection that writes it, and the LayerNorm parameters. The permuted model computes exactly
+the same logits with Marian's own position table, which ``from_pretrained`` always regenerates.
+
+What Marian cannot express, export refuses with the reason: pre-norm layers (Marian is post-norm; CTranslate2
+export handles pre-norm), learned positions, and a LayerNorm epsilon other than Marian's 1e-5. Every export is
+checked before it is written: the saved directory is loaded back with ``from_pretrained`` and its logits must
+equal ours within 1e-4.
+
+Token ids: our vocabularies put pad, bos, eos, unk at 0-3 and the decoder starts from bos; the exported
+``vocab.json`` lists our SentencePiece pieces in id order and the config names those ids. Marian's own models put
+eos at 0, unk at 1, pad last and start the decoder from pad; an imported model keeps its ids (our config holds
+them) and its vocabulary, read through ``transformers.MarianTokenizer`` (:class:`MarianVocab`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transduce.config import Config, DataConfig, DecodeConfig, ModelConfig
+from transduce.errors import InteropError
+from transduce.interop import prepare_output, require
+from transduce.model import Transformer
+
+log = logging.getLogger(__name__)
+
+MARIAN_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which MarianMTModel uses
+_MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # Marian -> ours
+_VOCAB_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
+PARITY_ATOL = 1e-4
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the weight correspondence
+
+
+def residual_permutation(d_model: int) -> Tensor:
+    """``perm`` with ``marian[..., j] == ours[..., perm[j]]`` along every residual-stream axis: Marian's dimension
+    ``j < d/2`` holds our ``2j`` (a sine), dimension ``d/2 + j`` our ``2j + 1`` (the cosine of the same frequency)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _weight_table(model: Transformer) -> list[tuple[str, Tensor | None, str]]:
+    """Every Marian tensor (all tied aliases included) with the tensor of ``model`` that holds it (a view where we
+    fuse projections; None for a bias we do not have) and where its residual-stream axis is: ``"in"`` (dim 1),
+    ``"out"`` (dim 0) or ``""`` (none)."""
+    c = model.config
+    rows: list[tuple[str, Tensor | None, str]] = []
+
+    def linear(name: str, weight: Tensor, bias: Tensor | None, reads_stream: bool) -> None:
+        rows.append((f"{name}.weight", weight, "in" if reads_stream else "out"))
+        rows.append((f"{name}.bias", bias, "" if reads_stream else "out"))
+
+    def norm(name: str, ln: torch.nn.LayerNorm) -> None:
+        rows.append((f"{name}.weight", ln.weight, "out"))
+        rows.append((f"{name}.bias", ln.bias, "out"))
+
+    def chunks(t: Tensor | None, n: int) -> Sequence[Tensor | None]:
+        return t.chunk(n) if t is not None else [None] * n
+
+    if c.share_vocab:
+        names = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+        rows += [(name, model.src_embed.weight, "in") for name in names]
+    else:
+        rows.append(("model.encoder.embed_tokens.weight", model.src_embed.weight, "in"))
+        rows.append(("model.decoder.embed_tokens.weight", model.tgt_embed.weight, "in"))
+    rows.append(("lm_head.weight", model.output.weight, "in"))
+    rows.append(("final_logits_bias", model.output.bias, "row"))
+
+    def self_attention(prefix: str, attn) -> None:
+        for name, w, b in zip("qkv", attn.qkv.weight.chunk(3), chunks(attn.qkv.bias, 3)):
+            linear(f"{prefix}.{name}_proj", w, b, reads_stream=True)
+        linear(f"{prefix}.out_proj", attn.out.weight, attn.out.bias, reads_stream=False)
+
+    for i, layer in enumerate(model.encoder_layers):
+        p = f"model.encoder.layers.{i}"
+        self_attention(f"{p}.self_attn", layer.self_attn)
+        norm(f"{p}.self_attn_layer_norm", layer.norm1)
+        linear(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias, reads_stream=True)
+        linear(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias, reads_stream=False)
+        norm(f"{p}.final_layer_norm", layer.norm2)
+    for i, layer in enumerate(model.decoder_layers):
+        p = f"model.decoder.layers.{i}"
+        self_attention(f"{p}.self_attn", layer.self_attn)
+        norm(f"{p}.self_attn_layer_norm", layer.norm1)
+        x = layer.cross_attn
+        linear(f"{p}.encoder_attn.q_proj", x.q.weight, x.q.bias, reads_stream=True)
+        for name, w, b in zip("kv", x.kv.weight.chunk(2), chunks(x.kv.bias, 2)):
+            linear(f"{p}.encoder_attn.{name}_proj", w, b, reads_stream=True)
+        linear(f"{p}.encoder_attn.out_proj", x.out.weight, x.out.bias, reads_stream=False)
+        norm(f"{p}.encoder_attn_layer_norm", layer.norm2)
+        linear(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias, reads_stream=True)
+        linear(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias, reads_stream=False)
+        norm(f"{p}.final_layer_norm", layer.norm3)
+    return rows
+
+
+def _marian_tensors(hf) -> dict[str, Tensor]:
+    """All parameters and buffers of a MarianMTModel by name, tied aliases included."""
+    named = dict(hf.named_parameters(remove_duplicate=False))
+    named.update(dict(hf.named_buffers(remove_duplicate=False)))
+    return named
+
+
+def copy_to_marian(model: Transformer, hf) -> None:
+    """Write ``model``'s weights into the MarianMTModel ``hf`` (built from :func:`marian_config`), permuted."""
+    perm = residual_permutation(model.config.d_model)
+    theirs = _marian_tensors(hf)
+    done = set()
+    with torch.no_grad():
+        for name, ours, axis in _weight_table(model):
+            if name not in theirs:
+                raise InteropError(f"MarianMTModel has no tensor {name!r} (transformers version mismatch?)")
+            dst = theirs[name]
+            if ours is None:  # a bias our model does not have: Marian's is zero
+                dst.zero_()
+            elif axis == "row":
+                dst.copy_(ours.detach().reshape(dst.shape))
+            else:
+                dst.copy_(ours.detach()[:, perm] if axis == "in" else ours.detach()[perm] if axis == "out" else ours)
+            done.add(name)
+    left = {n for n in theirs if n not in done and "embed_positions" not in n}
+    if left:
+        raise InteropError(f"MarianMTModel tensors without a counterpart in our model: {sorted(left)[:5]}")
+
+
+def copy_from_marian(hf, model: Transformer) -> None:
+    """Write the MarianMTModel ``hf``'s weights into ``model`` (built from :func:`model_config_from_marian`)."""
+    inverse = torch.argsort(residual_permutation(model.config.d_model))
+    theirs = _marian_tensors(hf)
+    used = set()
+    with torch.no_grad():
+        for name, ours, axis in _weight_table(model):
+            src = theirs[name].detach().float()
+            used.add(name)
+            if ours is None:
+                if src.abs().max() > 0:
+                    raise InteropError(f"{name}: non-zero, but the model config has no such bias")
+                continue
+            if axis == "row":
+                ours.copy_(src.reshape(ours.shape))
+            else:
+                ours.copy_(src[:, inverse] if axis == "in" else src[inverse] if axis == "out" else src)
+    left = {n for n in theirs if n not in used and "embed_positions" not in n}
+    if left:
+        raise InteropError(f"Marian tensors this version cannot map: {sorted(left)[:5]}")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# configurations
+
+
+def export_problems(c: ModelConfig) -> list[str]:
+    """Why a model with config ``c`` cannot be written as a MarianMTModel (empty when it can)."""
+    problems = []
+    if c.norm != "post":
+        problems.append(
+            f"model.norm is {c.norm!r}, and Marian has post-norm layers only (export --format ctranslate2 runs "
+            "pre-norm models)"
+        )
+    if c.positions != "sinusoidal":
+        problems.append(f"model.positions is {c.positions!r}, and Marian has sinusoidal positions only")
+    if c.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
+        problems.append(f"model.layer_norm_eps is {c.layer_norm_eps}, and Marian's LayerNorm uses 1e-5")
+    if c.share_vocab and not c.tie_output:
+        problems.append(
+            "model.share_vocab is true with tie_output false, and Marian ties the output projection to "
+            "embeddings it shares between encoder and decoder"
+        )
+    return problems
+
+
+def marian_config(c: ModelConfig):
+    """The ``transformers.MarianConfig`` of our model config (check :func:`export_problems` first)."""
+    transformers = require("transformers")
+    return transformers.MarianConfig(
+        vocab_size=c.src_vocab_size,
+        decoder_vocab_size=c.tgt_vocab_size,
+        share_encoder_decoder_embeddings=c.share_vocab,
+        tie_word_embeddings=c.tie_output,
+        d_model=c.d_model,
+        encoder_layers=c.encoder_layers,
+        decoder_layers=c.decoder_layers,
+        encoder_attention_heads=c.heads,
+        decoder_attention_heads=c.heads,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
+        activation_function=c.activation,
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout,
+        max_position_embeddings=c.max_positions,  # rows of the position table (1024 by default; opus-mt: 512)
+        scale_embedding=c.scale_embeddings,
+        pad_token_id=c.pad_id,
+        eos_token_id=c.eos_id,
+        bos_token_id=c.bos_id,
+        decoder_start_token_id=c.bos_id,
+        forced_eos_token_id=c.eos_id,
+    )
+
+
+def model_config_from_marian(hf_config, *, unk_id: int, output_bias: bool) -> ModelConfig:
+    """Our model config for a ``MarianConfig``; raises :class:`InteropError` for what our model cannot express."""
+    h = hf_config
+    problems = []
+    if getattr(h, "normalize_before", False):
+        problems.append("normalize_before is true (pre-norm Marian variants are not supported)")
+    if getattr(h, "normalize_embedding", False):
+        problems.append("normalize_embedding is true (a LayerNorm on the embeddings is not supported)")
+    if h.encoder_attention_heads != h.decoder_attention_heads:
+        problems.append(f"encoder and decoder heads differ ({h.encoder_attention_heads}, {h.decoder_attention_heads})")
+    if h.encoder_ffn_dim != h.decoder_ffn_dim:
+        problems.append(f"encoder and decoder ffn sizes differ ({h.encoder_ffn_dim}, {h.decoder_ffn_dim})")
+    if h.activation_function not in _MARIAN_ACTIVATIONS:
+        problems.append(f"activation_function {h.activation_function!r} is not one of {sorted(_MARIAN_ACTIVATIONS)}")
+    if problems:
+        raise InteropError("cannot import this Marian model: " + "; ".join(problems))
+    share = bool(getattr(h, "share_encoder_decoder_embeddings", True))
+    tgt_vocab = h.vocab_size if share else (h.decoder_vocab_size or h.vocab_size)
+    return ModelConfig(
+        src_vocab_size=h.vocab_size,
+        tgt_vocab_size=tgt_vocab,
+        share_vocab=share,
+        tie_output=bool(getattr(h, "tie_word_embeddings", True)),
+        encoder_layers=h.encoder_layers,
+        decoder_layers=h.decoder_layers,
+        d_model=h.d_model,
+        d_ff=h.encoder_ffn_dim,
+        heads=h.encoder_attention_heads,
+        dropout=float(h.dropout),
+        attention_dropout=float(h.attention_dropout),
+        activation_dropout=float(h.activation_dropout),
+        activation=_MARIAN_ACTIVATIONS[h.activation_function],
+        norm="post",
+        layer_norm_eps=MARIAN_LAYER_NORM_EPS,
+        positions="sinusoidal",
+        max_positions=max(h.max_position_embeddings, 2),
+        scale_embeddings=bool(h.scale_embedding),
+        bias=True,
+        output_bias=output_bias,
+        pad_id=h.pad_token_id,
+        bos_id=h.decoder_start_token_id if h.decoder_start_token_id is not None else h.pad_token_id,
+        eos_id=h.eos_token_id,
+        unk_id=unk_id,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# vocabularies
+
+
+class MarianVocab:
+    """A Marian vocabulary (``source.spm``/``target.spm`` SentencePiece models and ``vocab.json`` mapping pieces to
+    the model's ids, ``target_vocab.json`` too when the vocabularies are separate), read through
+    ``transformers.MarianTokenizer``. It has the methods of :class:`transduce.tokenizer.Tokenizer` that
+    translating uses, so a :class:`transduce.translate.Translator` takes it as its tokenizer.
+
+    Args:
+        directory: holds the files above.
+        meta: ``separate_vocabs`` (bool), optionally ``source_lang`` and ``target_lang``.
+    """
+
+    lowercase = False
+
+    def __init__(self, directory: str | Path, meta: dict[str, Any]) -> None:
+        transformers = require("transformers")
+        self.directory = Path(directory)
+        self.separate = bool(meta.get("separate_vocabs", False))
+        self.meta = {
+            "kind": "marian",
+            "separate_vocabs": self.separate,
+            "source_lang": meta.get("source_lang"),
+            "target_lang": meta.get("target_lang"),
+        }
+        needed = [*_VOCAB_FILES[:3], *_VOCAB_FILES[3:] * self.separate]
+        missing = [name for name in needed if not (self.directory / name).is_file()]
+        if missing:
+            raise InteropError(f"{self.directory}: Marian vocabulary files missing: {', '.join(missing)}")
+        self._tok = transformers.MarianTokenizer(
+            source_spm=str(self.directory / "source.spm"),
+            target_spm=str(self.directory / "target.spm"),
+            vocab=str(self.directory / "vocab.json"),
+            target_vocab_file=str(self.directory / "target_vocab.json") if self.separate else None,
+            separate_vocabs=self.separate,
+            source_lang=self.meta["source_lang"],
+            target_lang=self.meta["target_lang"],
+        )
+        self._lock = threading.Lock()  # MarianTokenizer switches between source and target mode in place
+        self._src = {i: p for p, i in self._tok.encoder.items()}
+        self._tgt = dict(self._tok.decoder)
+        self.joint = not self.separate
+        self.eos_id = self._tok.eos_token_id
+        self._skip = {self._tok.pad_token_id}
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> MarianVocab:
+        """The vocabulary of a Hugging Face Marian model directory (``tokenizer_config.json`` says whether the
+        vocabularies are separate)."""
+        directory = Path(directory)
+        meta: dict[str, Any] = {}
+        config_file = directory / "tokenizer_config.json"
+        if config_file.is_file():
+            meta = json.loads(config_file.read_text(encoding="utf-8"))
+        return cls(directory, meta)
+
+    def save(self, directory: str | Path) -> Path:
+        """Copy the vocabulary files into ``directory`` with our ``tokenizer.json`` saying what they are."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in _VOCAB_FILES:
+            if (self.directory / name).is_file() and (name != "target_vocab.json" or self.separate):
+                shutil.copyfile(self.directory / name, directory / name)
+        (directory / "tokenizer.json").write_text(json.dumps(self.meta, indent=2) + "\n", encoding="utf-8")
+        return directory
+
+    @property
+    def unk_id(self) -> int:
+        return self._tok.unk_token_id
+
+    @property
+    def src_vocab_size(self) -> int:
+        return len(self._src)
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return len(self._tgt)
+
+    def normalise(self, text: str) -> str:
+        return text
+
+    def encode_src(self, text: str) -> list[int]:
+        return self.encode_src_batch([text])[0]
+
+    def encode_src_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        with self._lock:
+            return [list(ids) for ids in self._tok(list(texts), add_special_tokens=False)["input_ids"]]
+
+    def encode_tgt(self, text: str) -> list[int]:
+        with self._lock:
+            return list(self._tok(text_target=text, add_special_tokens=False)["input_ids"])
+
+    def decode_tgt(self, ids: Iterable[int]) -> str:
+        kept = []
+        for i in map(int, ids):
+            if i == self.eos_id:
+                break
+            if i not in self._skip:
+                kept.append(i)
+        with self._lock:
+            return self._tok.decode(kept, skip_special_tokens=True)
+
+    def src_pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self._src.get(int(i), self._tok.unk_token) for i in ids]
+
+    def tgt_pieces(self, ids: Iterable[int]) -> list[str]:
+        return [self._tgt.get(int(i), self._tok.unk_token) for i in ids]
+
+    def pieces_in_id_order(self, side: str) -> list[str]:
+        """Every piece of the ``"src"`` or ``"tgt"`` vocabulary, indexed by id."""
+        table = self._src if side == "src" else self._tgt
+        return [table[i] for i in range(len(table))]
+
+    def __repr__(self) -> str:
+        return f"MarianVocab({self.directory}, separate={self.separate})"
+
+
+def _vocab_json(pieces: list[str], where: str) -> dict[str, int]:
+    vocab = {}
+    for i, piece in enumerate(pieces):
+        if piece in vocab:
+            raise InteropError(f"{where}: piece {piece!r} appears twice (ids {vocab[piece]} and {i})")
+        vocab[piece] = i
+    return vocab
+
+
+def write_marian_vocab(tokenizer, directory: Path, *, src_lang: str | None, tgt_lang: str | None) -> None:
+    """The files ``MarianTokenizer`` reads for our tokenizer (or copies of an imported Marian vocabulary), written
+    into ``directory`` by ``MarianTokenizer.save_pretrained``."""
+    transformers = require("transformers")
+    if isinstance(tokenizer, MarianVocab):
+        files = tokenizer.directory
+        tok = transformers.MarianTokenizer(
+            source_spm=str(files / "source.spm"),
+            target_spm=str(files / "target.spm"),
+            vocab=str(files / "vocab.json"),
+            target_vocab_file=str(files / "target_vocab.json") if tokenizer.separate else None,
+            separate_vocabs=tokenizer.separate,
+            source_lang=src_lang,
+            target_lang=tgt_lang,
+        )
+        tok.save_pretrained(str(directory))
+        return
+    staging = Path(tempfile.mkdtemp(prefix="marian-vocab-"))
+    try:
+        src_proto, tgt_proto = tokenizer.model_protos()
+        (staging / "source.spm").write_bytes(src_proto)
+        (staging / "target.spm").write_bytes(tgt_proto)
+        src_vocab = _vocab_json(tokenizer.src_pieces(range(tokenizer.src_vocab_size)), "source vocabulary")
+        (staging / "vocab.json").write_text(json.dumps(src_vocab, ensure_ascii=False), encoding="utf-8")
+        if not tokenizer.joint:
+            tgt_vocab = _vocab_json(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)), "target vocabulary")
+            (staging / "target_vocab.json").write_text(json.dumps(tgt_vocab, ensure_ascii=False), encoding="utf-8")
+        tok = transformers.MarianTokenizer(
+            source_spm=str(staging / "source.spm"),
+            target_spm=str(staging / "target.spm"),
+            vocab=str(staging / "vocab.json"),
+            target_vocab_file=str(staging / "target_vocab.json") if not tokenizer.joint else None,
+            separate_vocabs=not tokenizer.joint,
+            source_lang=src_lang,
+            target_lang=tgt_lang,
+        )
+        tok.save_pretrained(str(directory))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# export
+
+
+def _probe_batch(c: ModelConfig, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """A small batch of random, right-padded source ids and decoder inputs (no special ids inside)."""
+    g = torch.Generator().manual_seed(seed)
+    specials = {c.pad_id, c.bos_id, c.eos_id}
+
+    def ids(n: int, vocab: int) -> list[int]:
+        out = torch.randint(0, vocab, (n,), generator=g).tolist()
+        return [c.unk_id if i in specials else i for i in out]
+
+    lengths = [7, 4, 1]
+    src = torch.full((len(lengths), max(lengths) + 1), c.pad_id)
+    tgt = torch.full((len(lengths), max(lengths) + 2), c.pad_id)
+    for row, n in enumerate(lengths):
+        src[row, : n + 1] = torch.tensor([*ids(n, c.src_vocab_size), c.eos_id])
+        tgt[row, : n + 2] = torch.tensor([c.bos_id, *ids(n + 1, c.tgt_vocab_size)])
+    return src, tgt
+
+
+def marian_logits(hf, src: Tensor, tgt_in: Tensor, pad_id: int) -> Tensor:
+    """Logits of a MarianMTModel under teacher forcing (decoder inputs start with the decoder start token)."""
+    with torch.no_grad():
+        return hf(input_ids=src, attention_mask=src.ne(pad_id).long(), decoder_input_ids=tgt_in).logits
+
+
+def parity_error(model: Transformer, hf) -> float:
+    """Largest |our logit - Marian's logit| over a probe batch, at the decoder positions of real tokens."""
+    c = model.config
+    src, tgt = _probe_batch(c)
+    with torch.no_grad():
+        ours = model.eval()(src, tgt)
+    theirs = marian_logits(hf.eval(), src, tgt, c.pad_id)
+    real = tgt.ne(c.pad_id)
+    real[:, 0] = True  # the start token may equal pad (Marian's convention)
+    return float((ours - theirs).abs()[real].max())
+
+
+def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the model at ``source`` (a run directory, checkpoint, or Marian directory) as a Hugging Face Marian
+    model directory: config.json, generation_config.json, model.safetensors, source.spm, target.spm, vocab.json
+    (+ target_vocab.json for separate vocabularies), tokenizer_config.json and a README.md.
+
+    Raises:
+        InteropError: the model uses something Marian cannot express (the message lists it), the output directory
+            is not empty, or the saved model does not reproduce our logits.
+    """
+    transformers = require("transformers")
+    model, config, tokenizer = load_any(source)
+    problems = export_problems(model.config)
+    if problems:
+        raise InteropError(f"{source}: cannot export to Hugging Face Marian: {'; '.join(problems)}")
+    out = prepare_output(out_dir, overwrite=overwrite)
+    hf = transformers.MarianMTModel(marian_config(model.config)).eval()
+    copy_to_marian(model, hf)
+    c, d = model.config, config.decode
+    bad = [[c.pad_id]] + ([[c.bos_id]] if c.bos_id != c.pad_id else [])  # our search never emits pad or bos
+    hf.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=c.bos_id,
+        bos_token_id=c.bos_id,
+        eos_token_id=c.eos_id,
+        pad_token_id=c.pad_id,
+        forced_eos_token_id=c.eos_id,
+        num_beams=d.beam,
+        length_penalty=d.length_penalty,
+        max_length=min(512, c.max_positions),  # as opus-mt; Hugging Face's default of 20 cuts translations short
+        bad_words_ids=bad,
+    )
+    staging = out.parent / f".{out.name}.export-tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        hf.save_pretrained(str(staging))
+        write_marian_vocab(tokenizer, staging, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang)
+        (staging / "README.md").write_text(_model_card(config, source), encoding="utf-8")
+        reloaded = transformers.MarianMTModel.from_pretrained(str(staging)).eval()
+        err = parity_error(model, reloaded)
+        if err > PARITY_ATOL:
+            raise InteropError(f"{source}: the exported Marian model's logits differ from ours by {err:.2e}")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported %s to %s (Hugging Face Marian; logits within %.1e of ours)", source, out, err)
+    return out
+
+
+def _model_card(config: Config, source: str | Path) -> str:
+    c, d = config.model, config.decode
+    case = (
+        "\nThe model was trained on **lowercased** text and MarianTokenizer does not lowercase: lowercase the "
+        "input yourself.\n"
+        if config.data.lowercase
+        else ""
+    )
+    return f"""---
+library_name: transformers
+pipeline_tag: translation
+tags: [translation, marian, transduce]
+---
+# {config.data.src_lang}-{config.data.tgt_lang} Transformer exported by transduce
+
+Exported from `{source}`: {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, d_ff {c.d_ff},
+{c.heads} heads, vocabulary {c.src_vocab_size}{"" if c.share_vocab else f"/{c.tgt_vocab_size}"}.
+{case}
+```python
+from transformers import MarianMTModel, MarianTokenizer
+
+tok = MarianTokenizer.from_pretrained("THIS_DIRECTORY")
+model = MarianMTModel.from_pretrained("THIS_DIRECTORY")
+batch = tok(["A sentence to translate."], return_tensors="pt", padding=True)
+print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
+```
+
+Decoding defaults (generation_config.json): beam {d.beam}. transduce's length penalty is GNMT's
+((5 + |Y|) / 6) ** {d.length_penalty}; Hugging Face divides by |Y| ** length_penalty instead, so n-best orders can
+differ where the penalty decides.
+"""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# import
+
+
+def is_marian_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a Hugging Face model directory whose config says ``model_type: marian``."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type") == "marian"
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def load_hf(directory: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Config, MarianVocab]:
+    """A Hugging Face Marian model directory as ``(model, config, vocabulary)``: our Transformer with its weights,
+    a config (model shape, the model's special ids, decoding defaults from generation_config.json) and
+    :class:`MarianVocab`."""
+    transformers = require("transformers")
+    directory = Path(directory)
+    if not is_marian_dir(directory):
+        raise InteropError(f"{directory}: not a Hugging Face Marian model (no config.json with model_type 'marian')")
+    try:
+        hf = transformers.MarianMTModel.from_pretrained(str(directory)).eval()
+    except (OSError, ValueError) as e:
+        raise InteropError(f"{directory}: cannot load the Marian model ({str(e).splitlines()[0]})") from None
+    vocab = MarianVocab.from_pretrained(directory)
+    bias = hf.final_logits_bias.detach()
+    mc = model_config_from_marian(hf.config, unk_id=vocab.unk_id, output_bias=bool(bias.abs().max() > 0))
+    if (vocab.src_vocab_size, vocab.tgt_vocab_size) != (mc.src_vocab_size, mc.tgt_vocab_size):
+        raise InteropError(
+            f"{directory}: the vocabulary has {vocab.src_vocab_size}/{vocab.tgt_vocab_size} entries, the model "
+            f"{mc.src_vocab_size}/{mc.tgt_vocab_size}"
+        )
+    model = Transformer(mc)
+    copy_from_marian(hf, model)
+    gen = getattr(hf, "generation_config", None)
+    beam = int(getattr(gen, "num_beams", 0) or 0) or DecodeConfig().beam
+    langs = {k: v for k, v in (("src_lang", vocab.meta["source_lang"]), ("tgt_lang", vocab.meta["target_lang"])) if v}
+    data = DataConfig(**langs) if len(set(langs.values())) == len(langs) else DataConfig()
+    config = Config(model=mc, data=data, decode=DecodeConfig(beam=beam))
+    return model.to(device).eval(), config, vocab
+
+
+def load_any(path: str | Path, device: str | torch.device = "cpu"):
+    """``(model, config, tokenizer)`` from a run directory, a checkpoint or a Hugging Face Marian directory."""
+    if is_marian_dir(path):
+        return load_hf(path, device)
+    from transduce.checkpoint import load_model
+    from transduce.tokenizer import Tokenizer
+
+    model, config, vocab_dir = load_model(path, device)
+    return model, config, Tokenizer.load(vocab_dir)
+
+
+def import_hf(directory: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """Convert a Hugging Face Marian directory into a standalone transduce checkpoint at ``out_dir`` (weights,
+    config and the Marian vocabulary); ``transduce translate --model OUT_DIR`` and the server read it."""
+    from transduce.checkpoint import save_model
+
+    model, config, vocab = load_hf(directory)
+    out = prepare_output(out_dir, overwrite=overwrite)
+    staging = Path(tempfile.mkdtemp(prefix="marian-import-"))
+    try:
+        vocab_dir = vocab.save(staging / "vocab")
+        if out.exists():
+            shutil.rmtree(out)
+        save_model(out, model, config, vocab_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("imported %s into %s (%s parameters)", directory, out, f"{model.num_parameters():,}")
+    return out

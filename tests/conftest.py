@@ -1,0 +1,16 @@
+"""Fixtures shared by several test files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decodekit import train_copy_checkpoint
+
+
+@pytest.fixture(scope="session")
+def copy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A standalone checkpoint of a small post-norm model trained to copy word sentences, with a real SentencePiece
+    vocabulary (see :func:`decodekit.train_copy_checkpoint`); trained once per test session. Do not modify it."""
+    return train_copy_checkpoint(tmp_path_factory.mktemp("copy_model"))
