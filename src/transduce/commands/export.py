@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transduce.interop import quiet_transformers
+
+    quiet_transformers()
     if args.format == "hf":
         if args.quantization:
             raise InteropError("--quantization applies to --format ctranslate2 only")

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transduce.interop import quiet_transformers
+
+    quiet_transformers()
     from transduce.interop.marian import import_hf
 
     print(f"imported: {import_hf(args.directory, args.out_dir, overwrite=args.force)}")

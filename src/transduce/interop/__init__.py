@@ -26,3 +26,13 @@ def prepare_output(out_dir: str | Path, *, overwrite: bool) -> Path:
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise InteropError(f"{out}: directory exists and is not empty (use --force to replace it)")
     return out
+
+
+def quiet_transformers() -> None:
+    """Turn off transformers' per-file progress bars and advisory warnings (for the command line)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
