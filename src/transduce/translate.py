@@ -109,13 +109,22 @@ class Translator:
         *,
         decode: DecodeConfig | None = None,
         max_input_tokens: int | None = None,
+        quantize: str | None = None,
     ) -> Translator:
         """A translator from a run directory, a checkpoint, or a Hugging Face Marian model directory (an opus-mt
         model, for example; needs the ``interop`` extra), with the model's decoding configuration unless ``decode``
-        is given."""
+        is given. ``quantize="int8"`` runs the linear layers with dynamic int8 quantisation (CPU only; see
+        :mod:`transduce.model.quantize`)."""
         from transduce.interop.marian import load_any
+        from transduce.model.quantize import QUANTIZATIONS, quantize_int8
 
+        if quantize is not None and quantize not in QUANTIZATIONS:
+            raise ValueError(f"quantize: {quantize!r} is not one of {', '.join(QUANTIZATIONS)}")
+        if quantize is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"quantize: {quantize!r} runs on the CPU only, not on {device}")
         model, config, tokenizer = load_any(path, device)
+        if quantize == "int8":
+            model = quantize_int8(model)
         return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens)
 
     # ------------------------------------------------------------------------------------------------------------------

@@ -44,10 +44,15 @@ _DECODE_OPTIONS = {
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --device, --threads, --max-input-tokens and the decoding options (shared with evaluate/attention)."""
-    parser.add_argument("--model", required=True, metavar="PATH", help="run directory or checkpoint")
+    parser.add_argument(
+        "--model", required=True, metavar="PATH", help="run directory, checkpoint or Hugging Face Marian directory"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     parser.add_argument("--max-input-tokens", type=int, metavar="N", help="split longer lines (default: 1024)")
+    parser.add_argument(
+        "--int8", action="store_true", help="CPU: dynamic int8 quantisation of the linear layers (faster, approximate)"
+    )
     g = parser.add_argument_group("decoding (default: the run's decode config)")
     g.add_argument("--beam", type=int, metavar="K", help="beam size; 1 is greedy")
     g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="GNMT length penalty alpha; 0: off")
@@ -81,7 +86,8 @@ def load_translator(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens)
+    quantize = "int8" if getattr(args, "int8", False) else None
+    return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens, quantize=quantize)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,227 @@
+"""Decoding speed and quality of one model across decoders: transduce (float32 and dynamic int8), Hugging Face
+``MarianMTModel.generate`` (post-norm models only) and CTranslate2 (float32 and int8), all with the same weights
+(exported by ``transduce.interop``), on the same sentences in the same batches, measured side by side in one run.
+
+    python benchmarks/decode_compare.py --model runs/m30k_en_de_r1 \\
+        --src ../shared/data/multi30k/test_2016_flickr.en.gz --ref ../shared/data/multi30k/test_2016_flickr.de.gz
+    python benchmarks/decode_compare.py --random small --sentences 500     # random weights, synthetic sources
+
+Sentences are sorted by length and cut into batches of ``--batch`` sentences (every decoder gets the same batches).
+Each decoder stops a hypothesis at EOS or at source length + 50 tokens. For every mode (greedy, beam 4), batch size
+and decoder it prints sentences/s and output tokens/s (median of ``--reps``), the speed ratio to CTranslate2
+float32, and with ``--ref`` the BLEU of the output (sacreBLEU on detokenised text, and lowercased Moses-tokenised
+BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``.
+
+Length penalties differ by design: transduce uses GNMT's ((5 + |Y|) / 6) ** 0.6, Hugging Face and CTranslate2
+divide by |Y| ** 1 (their default). Speed does not depend on it; BLEU is reported per decoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from transduce.config import DecodeConfig, ModelConfig
+from transduce.evaluate import score, score_tokenized_lowercase
+from transduce.search import generate
+from transduce.search.common import pad_sequences
+from transduce.textio import read_lines
+from transduce.translate import Translator
+
+MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
+
+
+class Ours:
+    def __init__(self, translator: Translator, name: str) -> None:
+        self.tr, self.name = translator, name
+
+    def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
+        c = self.tr.model.config
+        cfg = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=MAX_EXTRA)
+        out = []
+        for batch in batches:
+            src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
+            out += [hyps[0].tokens for hyps in generate(self.tr.model, src, cfg)]
+        return out
+
+
+class HF:
+    name = "HF generate"
+
+    def __init__(self, export_dir: Path, pad_id: int) -> None:
+        import transformers
+
+        self.model = transformers.MarianMTModel.from_pretrained(str(export_dir)).eval()
+        self.pad_id = pad_id
+
+    def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
+        cfg = self.model.config
+        out = []
+        with torch.inference_mode():
+            for batch in batches:
+                src = pad_sequences([[*ids, cfg.eos_token_id] for ids in batch], self.pad_id)
+                gen = self.model.generate(
+                    input_ids=src, attention_mask=src.ne(self.pad_id).long(), num_beams=beam, do_sample=False,
+                    max_new_tokens=max(map(len, batch)) + MAX_EXTRA + 1,
+                )  # fmt: skip
+                for row in gen.tolist():
+                    toks = []
+                    for t in row[1:]:
+                        if t == cfg.eos_token_id:
+                            break
+                        toks.append(t)
+                    out.append(toks)
+        return out
+
+
+class CT2:
+    def __init__(self, model_dir: Path, tokenizer, name: str) -> None:
+        import ctranslate2
+
+        self.name, self.tok = name, tokenizer
+        threads = torch.get_num_threads()
+        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
+        self.vocab = {p: i for i, p in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
+
+    def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
+        out = []
+        for batch in batches:
+            pieces = [self.tok.src_pieces(ids) for ids in batch]
+            results = self.translator.translate_batch(
+                pieces, beam_size=beam, max_decoding_length=max(map(len, batch)) + MAX_EXTRA + 1,
+                max_batch_size=len(batch),
+            )  # fmt: skip
+            out += [[self.vocab[p] for p in r.hypotheses[0]] for r in results]
+        return out
+
+
+def load_inputs(args, translator: Translator) -> tuple[list[list[int]], list[str] | None]:
+    if args.src:
+        lines = [text for _, text in read_lines(args.src)][: args.sentences or None]
+        ids = translator.tokenizer.encode_src_batch(lines)
+        refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
+        return ids, refs
+    g = torch.Generator().manual_seed(args.seed)
+    vocab = translator.model.config.src_vocab_size
+    lengths = torch.randint(5, 41, (args.sentences,), generator=g).tolist()
+    return [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths], None
+
+
+def random_translator(preset: str, vocab_dir: Path) -> Translator:
+    """A random ``preset`` model with a throwaway SentencePiece vocabulary of 8000 pieces (trained on synthetic
+    text), so that every decoder, CTranslate2 included, sees real pieces."""
+    import random
+
+    from transduce.model import Transformer
+    from transduce.tokenizer import Tokenizer
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(20000)]
+    text = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(20000)]
+    tok = Tokenizer.train(vocab_dir, text, vocab_size=8000)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.preset(preset, src_vocab_size=8000, tgt_vocab_size=8000)).eval()
+    return Translator(model, tok)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="run directory or checkpoint (else --random)")
+    ap.add_argument("--random", default="small", help="preset of a random model when --model is not given")
+    ap.add_argument("--src", help="source text (plain or .gz); default: synthetic sentences")
+    ap.add_argument("--ref", help="reference text for BLEU")
+    ap.add_argument("--sentences", type=int, default=0, help="first N sentences (0: all; synthetic: 500)")
+    ap.add_argument("--batches", default="32,64")
+    ap.add_argument("--modes", default="greedy,beam4")
+    ap.add_argument("--decoders", default="ours,ours-int8,hf,ct2,ct2-int8")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    if not args.src and not args.sentences:
+        args.sentences = 500
+
+    from transduce.interop.ctranslate2 import export_ctranslate2
+    from transduce.interop.marian import export_hf, export_problems
+    from transduce.model.quantize import quantize_int8
+
+    work = Path(tempfile.mkdtemp(prefix="decode-compare-"))
+    if args.model:
+        source = args.model
+        translator = Translator.load(source)
+    else:
+        translator = random_translator(args.random, work / "vocab")
+        from transduce.checkpoint import save_model
+        from transduce.config import Config
+
+        source = save_model(work / "model", translator.model, Config(model=translator.model.config), work / "vocab")
+    tok = translator.tokenizer
+    wanted = args.decoders.split(",")
+    decoders = []
+    if "ours" in wanted:
+        decoders.append(Ours(translator, "transduce fp32"))
+    if "ours-int8" in wanted:
+        decoders.append(Ours(Translator(quantize_int8(translator.model), tok, translator.decode), "transduce int8"))
+    if "hf" in wanted:
+        problems = export_problems(translator.model.config)
+        if problems:
+            print(f"HF generate left out: {'; '.join(problems)}")
+        else:
+            decoders.append(HF(export_hf(source, work / "hf"), translator.model.config.pad_id))
+    if "ct2" in wanted:
+        decoders.append(CT2(export_ctranslate2(source, work / "ct2"), tok, "CTranslate2 fp32"))
+    if "ct2-int8" in wanted:
+        decoders.append(
+            CT2(export_ctranslate2(source, work / "ct2-int8", quantization="int8"), tok, "CTranslate2 int8")
+        )
+
+    ids, refs = load_inputs(args, translator)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    lowercase = bool(getattr(tok, "lowercase", False))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(f"model {source}: {translator.model.num_parameters():,} parameters; {len(ids)} sentences; "
+          f"median of {args.reps}\n")  # fmt: skip
+
+    print("| mode | batch | decoder | sent/s | output tok/s | vs CTranslate2 fp32 | BLEU | lc-tok BLEU |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode in args.modes.split(","):
+        beam = 1 if mode == "greedy" else int(mode.removeprefix("beam"))
+        for bs in map(int, args.batches.split(",")):
+            batches = [[ids[i] for i in order[k : k + bs]] for k in range(0, len(order), bs)]
+            times: dict[str, list[float]] = {d.name: [] for d in decoders}
+            outputs: dict[str, list[list[int]]] = {}
+            for _ in range(args.reps):
+                for d in decoders:  # interleaved, so that a noisy moment hits every decoder alike
+                    t0 = time.perf_counter()
+                    outputs[d.name] = d.run(batches, beam)
+                    times[d.name].append(time.perf_counter() - t0)
+            base = statistics.median(times["CTranslate2 fp32"]) if "CTranslate2 fp32" in times else None
+            for d in decoders:
+                t = statistics.median(times[d.name])
+                n_tok = sum(len(o) + 1 for o in outputs[d.name])  # + EOS
+                bleu = lc = "-"
+                if refs is not None:
+                    hyps = [""] * len(ids)
+                    for pos, i in enumerate(order):
+                        hyps[i] = tok.decode_tgt(outputs[d.name][pos])
+                    bleu = f"{score(hyps, refs).bleu:.2f}"
+                    if lowercase:
+                        lc = f"{score_tokenized_lowercase(hyps, refs, translator_lang(args)).bleu_lc_tok:.2f}"
+                ratio = f"{base / t:.2f}x" if base else "-"
+                print(f"| {mode} | {bs} | {d.name} | {len(ids) / t:.1f} | {n_tok / t:.0f} | {ratio} | {bleu} | {lc} |")
+
+
+def translator_lang(args) -> str:
+    """The target language code from the reference file name (``test_2016_flickr.de.gz`` -> ``de``)."""
+    name = Path(args.ref).name.removesuffix(".gz")
+    return name.rsplit(".", 1)[-1]
+
+
+if __name__ == "__main__":
+    main()

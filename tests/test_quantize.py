@@ -1,0 +1,52 @@
+"""Dynamic int8 quantisation for CPU inference: a quantised copy, close to the float model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from decodekit import copy_sentences, one_thread
+from transduce.cli import main
+from transduce.model.quantize import quantize_int8
+from transduce.translate import Translator
+
+
+def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path):
+    model = Translator.load(copy_checkpoint).model
+    q = quantize_int8(model)
+    assert not any(type(m) is nn.Linear for m in q.modules())
+    assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in q.modules()) == sum(
+        type(m) is nn.Linear for m in model.modules()
+    )
+    assert type(model.output) is nn.Linear  # the float model is untouched
+
+
+def test_int8_logits_and_translations_stay_close(copy_checkpoint: Path):
+    fp32 = Translator.load(copy_checkpoint)
+    int8 = Translator.load(copy_checkpoint, quantize="int8")
+    sentences = copy_sentences(60, seed=7)
+    src = torch.tensor([[*fp32.tokenizer.encode_src(sentences[0]), 2]])
+    tgt = torch.tensor([[1, *fp32.tokenizer.encode_src(sentences[0])]])
+    with torch.no_grad(), one_thread():
+        a, b = fp32.model(src, tgt).log_softmax(-1), int8.model(src, tgt).log_softmax(-1)
+        assert (a.exp() - b.exp()).abs().max() < 0.05  # probabilities within 5 points
+        same = sum(x == y for x, y in zip(fp32.translate(sentences), int8.translate(sentences)))
+    assert same >= 0.9 * len(sentences)
+
+
+def test_quantize_option_is_checked(copy_checkpoint: Path):
+    with pytest.raises(ValueError, match="quantize: 'int4' is not one of int8"):
+        Translator.load(copy_checkpoint, quantize="int4")
+
+
+def test_cli_translate_int8(copy_checkpoint: Path, tmp_path: Path):
+    src = tmp_path / "in.txt"
+    src.write_text("a man rides the red bike.\n\ntwo girls play.\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    args = ["translate", "--model", str(copy_checkpoint), "--input", str(src), "--output", str(out), "--int8"]
+    assert main(args) == 0
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
