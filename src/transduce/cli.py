@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report", "score a run on its test sets (both BLEU conventions) and write report.html"),
     "export": ("export", "write a model as a Hugging Face Marian or a CTranslate2 model directory"),
     "import-hf": ("import_hf", "convert a Hugging Face Marian model (opus-mt, ...) into a transduce checkpoint"),
+    "serve": ("serve", "serve a model over HTTP: JSON API with dynamic batching, and a page to explore attention"),
 }
 
 

@@ -1,0 +1,71 @@
+"""Serve a trained model over HTTP: a JSON API with dynamic batching, and a page to try it and explore attention.
+
+Examples:
+  transduce serve --model runs/multi30k                       # http://127.0.0.1:8000/ ; Ctrl-C stops
+  transduce serve --model runs/multi30k --host 0.0.0.0 --port 8080 --beam 5 --threads 2
+  curl -s 127.0.0.1:8000/translate -H 'Content-Type: application/json' -d '{"sentences": ["A dog runs."]}'
+
+Endpoints: POST /translate, POST /attention, GET /health, GET / (the page), GET /docs (the OpenAPI documentation).
+Requests arriving within --batch-wait-ms of each other (or while a batch is being translated) are translated
+together. A request with more than --max-sentences sentences, a sentence of more than --max-chars characters or a
+body of more than --max-body-bytes bytes is answered 413; malformed JSON and wrong types 422. The decoding options
+set the server's defaults (the run's decode config otherwise); each request may override beam, length penalty and
+lengths. Needs the serve extra: pip install 'transduce[serve]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from transduce.commands.translate import add_model_arguments, decode_config, load_translator
+from transduce.errors import TransduceError
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    g.add_argument("--max-sentences", type=int, default=64, metavar="N", help="sentences per request (default: 64)")
+    g.add_argument("--max-chars", type=int, default=1000, metavar="N", help="characters per sentence (default: 1000)")
+    g.add_argument("--max-body-bytes", type=int, default=1_000_000, metavar="N", help="request body size")
+    g.add_argument("--max-beam", type=int, default=16, metavar="K", help="largest beam a request may ask for")
+    g.add_argument(
+        "--batch-wait-ms", type=float, default=5.0, metavar="MS", help="batching window after a request (default: 5)"
+    )
+    g.add_argument("--max-batch-sentences", type=int, default=256, metavar="N", help="sentences per batch")
+    g.add_argument("--no-access-log", action="store_true", help="do not log every request")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from transduce import serve
+    except ImportError as e:
+        raise TransduceError(
+            f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install 'transduce[serve]'"
+        ) from e
+
+    translator = load_translator(args)
+    translator.decode = decode_config(args, translator.decode)
+    try:
+        serve.serve(
+            args.model,
+            args.host,
+            args.port,
+            translator=translator,
+            access_log=not args.no_access_log,
+            max_sentences=args.max_sentences,
+            max_chars=args.max_chars,
+            max_body_bytes=args.max_body_bytes,
+            max_beam=args.max_beam,
+            batch_wait_ms=args.batch_wait_ms,
+            max_batch_sentences=args.max_batch_sentences,
+        )
+    except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises it
+        log.info("stopped")
+    except ValueError as e:
+        raise TransduceError(str(e)) from None
+    return 0

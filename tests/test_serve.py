@@ -1,0 +1,472 @@
+"""The HTTP server (``transduce.serve``), over real HTTP on 127.0.0.1: answers equal ``Translator.translate``, the
+limits (413) and validation errors (422) are JSON naming what is wrong, a failing translation is a 500 for that
+request only, the server keeps serving after every bad request, concurrent requests are merged into fewer batches,
+and a bounded load test (2,000 requests from 32 clients) sees no error. Also the batcher alone (no model) and the
+``transduce serve`` command (parser, and a real process stopped with Ctrl-C)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx is not installed")
+
+from decodekit import copy_sentences, make_checkpoint, one_thread  # noqa: E402
+from transduce.serve import Batcher, ServerThread, create_app  # noqa: E402
+from transduce.translate import Translator  # noqa: E402
+
+LIMITS = {"max_sentences": 32, "max_chars": 200, "max_body_bytes": 16_384, "max_beam": 8}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def reference(copy_checkpoint: Path) -> Translator:
+    """The translator the server's answers are compared with (loaded separately from the server's)."""
+    return Translator.load(copy_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def server(copy_checkpoint: Path):
+    """The copy model served on a free port of 127.0.0.1 (uvicorn in a thread), shut down after the module."""
+    app = create_app(Translator.load(copy_checkpoint), batch_wait_ms=20.0, **LIMITS)
+    with ServerThread(app) as url:
+        yield url
+
+
+@pytest.fixture
+def client(server: str):
+    with httpx.Client(base_url=server, timeout=120) as c:
+        yield c
+
+
+def stats(client) -> dict:
+    return client.get("/health").json()["stats"]
+
+
+def assert_alive(client) -> None:
+    r = client.get("/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# answers
+
+
+def test_health_describes_model_defaults_and_limits(client, reference):
+    h = client.get("/health").json()
+    assert h["status"] == "ok"
+    cfg = reference.model.config
+    assert h["model"]["encoder_layers"] == cfg.encoder_layers and h["model"]["heads"] == cfg.heads
+    assert h["model"]["src_vocab_size"] == cfg.src_vocab_size and h["model"]["parameters"] > 0
+    assert h["decode"] == reference.decode.to_dict()
+    assert {k: h["limits"][k] for k in LIMITS} == LIMITS
+    assert set(h["stats"]) >= {"requests", "sentences", "batches", "calls"}
+
+
+def test_translate_equals_translator_with_default_and_other_options(client, reference):
+    sentences = copy_sentences(10, seed=11)
+    sentences[3:3] = ["", "   "]
+    r = client.post("/translate", json={"sentences": sentences})
+    assert r.status_code == 200
+    got = r.json()["translations"]
+    assert got == reference.translate(sentences)
+    assert got[3] == got[4] == ""
+    assert all(got[i] for i in range(len(got)) if sentences[i].strip())
+    assert sum(a == b for a, b in zip(got, sentences) if a) >= 3  # the copy model mostly copies: a real model ran
+    for options in ({"beam": 1}, {"length_penalty": 1.5}, {"beam": 2, "length_penalty": 0.0, "max_len_b": 3}):
+        got = client.post("/translate", json={"sentences": sentences, **options}).json()["translations"]
+        assert got == reference.translate(sentences, **options), options
+
+
+def test_nbest_returns_scored_lists(client, reference):
+    sentences = ["a man rides the red bike.", "", "two girls play."]
+    out = client.post("/translate", json={"sentences": sentences, "nbest": 3}).json()
+    expected = reference.translate_nbest(sentences, nbest=3)
+    assert out["translations"] == [e[0].text for e in expected]
+    assert [[h["text"] for h in n] for n in out["nbest"]] == [[t.text for t in e] for e in expected]
+    scores = [h["score"] for h in out["nbest"][0]]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert out["nbest"][0][0]["score"] == pytest.approx(expected[0][0].score, abs=1e-4)
+    assert "nbest" not in client.post("/translate", json={"sentences": sentences}).json()  # only when asked
+
+
+def test_empty_sentences_and_order(client, reference):
+    sentences = ["", "two girls play on grass.", "", "a dog.", ""]
+    got = client.post("/translate", json={"sentences": sentences}).json()["translations"]
+    assert len(got) == 5 and got[0] == got[2] == got[4] == ""
+    assert got[1] == reference.translate([sentences[1]])[0] and got[3] == reference.translate([sentences[3]])[0]
+    assert client.post("/translate", json={"sentences": []}).json() == {"translations": []}
+    assert client.post("/translate", json={"sentences": [""]}).json() == {"translations": [""]}
+
+
+def test_attention_matches_translator(client, reference):
+    sentence = "a man rides the red bike."
+    out = client.post("/attention", json={"sentence": sentence, "beam": 2}).json()
+    translation = reference.translate([sentence], beam=2)[0]
+    assert out["translation"] == translation
+    maps = reference.attention(sentence, translation)
+    assert out["src_pieces"] == maps.src_pieces and out["tgt_pieces"] == maps.tgt_out_pieces
+    layers, heads, t, s = maps.cross.shape
+    assert (out["layers"], out["heads"]) == (layers, heads)
+    assert [len(out["cross"]), len(out["cross"][0]), len(out["cross"][0][0]), len(out["cross"][0][0][0])] == [
+        layers, heads, t, s,
+    ]  # fmt: skip
+    cross = torch.tensor(out["cross"], dtype=torch.float64)
+    assert torch.allclose(cross, maps.cross.double(), atol=6e-5)
+    assert torch.allclose(cross.sum(-1), torch.ones(layers, heads, t, dtype=torch.float64), atol=1e-3)
+    given = client.post("/attention", json={"sentence": sentence, "target": "a dog."}).json()
+    assert given["translation"] == "a dog."
+    assert given["tgt_pieces"] == reference.attention(sentence, "a dog.").tgt_out_pieces
+
+
+def test_openapi_schema_documents_the_api(client):
+    schema = client.get("/openapi.json").json()
+    assert {"/translate", "/attention", "/health"} <= set(schema["paths"])
+    post = schema["paths"]["/translate"]["post"]
+    assert {"200", "413", "422"} <= set(post["responses"])
+    body = schema["components"]["schemas"]["TranslateRequest"]
+    assert body["required"] == ["sentences"]
+    assert body["properties"]["beam"]["anyOf"][0]["maximum"] == LIMITS["max_beam"]
+    assert client.get("/docs").status_code == 200
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# limits and errors
+
+
+def test_limits_answer_413_with_json_naming_the_limit(client):
+    r = client.post("/translate", json={"sentences": ["a dog."] * 33})
+    assert r.status_code == 413 and r.json() == {"error": "too many sentences: 33 > max_sentences 32"}
+    assert_alive(client)
+
+    r = client.post("/translate", json={"sentences": ["a dog.", "x" * 201]})
+    assert r.status_code == 413
+    assert r.json()["error"] == "sentence 2 is too long: 201 characters > max_chars 200"
+    assert client.post("/translate", json={"sentences": ["x" * 200]}).status_code == 200  # at the limit: fine
+    r = client.post("/attention", json={"sentence": "y" * 201})
+    assert r.status_code == 413 and "max_chars 200" in r.json()["error"]
+    assert_alive(client)
+
+    big = json.dumps({"sentences": ["a"] * 10_000}).encode()  # 60 kB > max_body_bytes, by Content-Length
+    r = client.post("/translate", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"] == f"request body too large: {len(big)} bytes > max_body_bytes 16384"
+    assert_alive(client)
+
+    def chunked():  # no Content-Length: the bytes that arrive are counted
+        yield b'{"sentences": ["'
+        for _ in range(40):
+            yield b"b" * 1000
+
+    r = client.post("/translate", content=chunked(), headers={"Content-Type": "application/json"})
+    assert r.request.headers.get("transfer-encoding") == "chunked"
+    assert r.status_code == 413 and "max_body_bytes 16384" in r.json()["error"]
+    assert_alive(client)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"sentences": ["a dog."', "invalid JSON"),
+        (b"sentences=a", "invalid JSON"),
+        (b'{"sentences": "a dog."}', "sentences: Input should be a valid list"),
+        (b'{"sentences": ["a dog.", 5]}', "sentences.1: Input should be a valid string"),
+        (b'{"sentences": ["a"], "beam": 0}', "beam: Input should be greater than or equal to 1"),
+        (b'{"sentences": ["a"], "beam": 9}', "beam: Input should be less than or equal to 8"),
+        (b'{"sentences": ["a"], "beam": "4"}', "beam: Input should be a valid integer"),
+        (b'{"sentences": ["a"], "length_penalty": -1}', "length_penalty: Input should be greater than or equal to 0"),
+        (b'{"sentences": ["a"], "beem": 2}', "beem: Extra inputs are not permitted"),
+        (b'{"sentence": ["a"]}', "sentences: Field required"),
+        (b"[]", "Input should be a valid dictionary"),
+    ],
+)
+def test_malformed_json_and_wrong_types_answer_422_saying_what_is_wrong(client, body, expected):
+    r = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    out = r.json()
+    assert expected in out["error"], out
+    assert isinstance(out["detail"], list) and out["detail"], out  # FastAPI's validation detail
+    assert_alive(client)
+
+
+def test_other_http_errors_are_json_and_the_server_keeps_serving(client, reference):
+    for method, path in [("GET", "/nothing"), ("GET", "/translate"), ("DELETE", "/health")]:
+        r = client.request(method, path)
+        assert r.status_code in (404, 405) and r.json()["error"].startswith(str(r.status_code))
+    r = client.post("/attention", json={"sentence": 3})
+    assert r.status_code == 422 and "sentence: Input should be a valid string" in r.json()["error"]
+    sentences = copy_sentences(3, seed=5)
+    assert client.post("/translate", json={"sentences": sentences}).json()["translations"] == reference.translate(
+        sentences
+    )
+
+
+class Exploding:
+    """A translator that fails on any batch holding the sentence "explode"."""
+
+    def __init__(self, translator: Translator):
+        self.inner = translator
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def translate(self, sentences, **options):
+        if "explode" in sentences:
+            raise RuntimeError("boom on purpose")
+        return self.inner.translate(sentences, **options)
+
+
+def test_failing_translation_is_a_500_for_that_request_only(copy_checkpoint, reference):
+    app = create_app(Exploding(Translator.load(copy_checkpoint)), batch_wait_ms=300.0)  # a wide window: one batch
+    good = [copy_sentences(2, seed=i) for i in range(6)]
+
+    async def main(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            bodies = [{"sentences": g} for g in good[:3]] + [{"sentences": ["a dog.", "explode"]}]
+            bodies += [{"sentences": g} for g in good[3:]]
+            return await asyncio.gather(*(c.post("/translate", json=b) for b in bodies))
+
+    with ServerThread(app) as url:
+        answers = asyncio.run(main(url))
+        bad = answers.pop(3)
+        assert bad.status_code == 500
+        assert bad.json() == {"error": "translation failed: RuntimeError: boom on purpose"}
+        assert [a.json()["translations"] for a in answers] == [reference.translate(g) for g in good]
+        with httpx.Client(base_url=url) as c:
+            s = stats(c)
+            assert s["failed_calls"] >= 1
+            assert s["batches"] < 7  # the bad request was batched with good ones, whose answers are right all the same
+            assert c.post("/translate", json={"sentences": good[0]}).json()["translations"] == reference.translate(
+                good[0]
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# batching and load
+
+
+def test_concurrent_requests_are_merged_into_fewer_batches(client, server, reference):
+    requests = [copy_sentences(1 + i % 3, seed=100 + i) for i in range(24)]
+    before = stats(client)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server, timeout=120) as c:
+            answers = await asyncio.gather(*(c.post("/translate", json={"sentences": s}) for s in requests))
+            return [a.json()["translations"] for a in answers]
+
+    got = asyncio.run(main())
+    after = stats(client)
+    assert got == [reference.translate(s) for s in requests]
+    assert after["requests"] - before["requests"] == 24
+    assert after["sentences"] - before["sentences"] == sum(len(s) for s in requests)
+    calls = after["calls"] - before["calls"]
+    assert 1 <= calls < 24, f"{calls} translate calls for 24 concurrent requests: no batching"
+    assert after["largest_call"] > 3
+
+
+def run_load(url: str, requests: list[dict], clients: int) -> tuple[list, list[float]]:
+    """Send ``requests`` from ``clients`` concurrent clients; returns (answers or exceptions, latencies in s)."""
+    answers: list = [None] * len(requests)
+    latencies: list[float] = []
+
+    async def worker(queue):
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:  # one connection each: a shared pool is slow
+            await send(c, queue)
+
+    async def send(c, queue):
+        while not queue.empty():
+            i = queue.get_nowait()
+            t = time.perf_counter()
+            try:
+                answers[i] = await c.post("/translate", json=requests[i])
+            except Exception as e:  # counted as an error below
+                answers[i] = e
+            latencies.append(time.perf_counter() - t)
+
+    async def main():
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(len(requests)):
+            queue.put_nowait(i)
+        await asyncio.gather(*(worker(queue) for _ in range(clients)))
+
+    asyncio.run(main())
+    return answers, latencies
+
+
+@pytest.mark.slow
+def test_load_2000_requests_from_32_clients_without_error(client, server, reference):
+    rng = random.Random(7)
+    pool = [*copy_sentences(300, seed=21), ""]
+    requests = []
+    for _ in range(2000):
+        body: dict = {"sentences": rng.sample(pool, rng.randint(1, 3))}
+        if rng.random() < 0.9:  # mostly greedy, to keep the test short; the rest with the default beam 4
+            body["beam"] = 1
+        requests.append(body)
+    expected = {
+        None: dict(zip(pool, reference.translate(pool))),
+        1: dict(zip(pool, reference.translate(pool, beam=1))),
+    }
+    before = stats(client)
+    start = time.perf_counter()
+    answers, latencies = run_load(server, requests, clients=32)
+    elapsed = time.perf_counter() - start
+    errors = [a for a in answers if not isinstance(a, httpx.Response) or a.status_code != 200]
+    assert not errors, errors[:3]
+    wrong = 0
+    for body, answer in zip(requests, answers):
+        ref = expected[body.get("beam")]
+        wrong += answer.json()["translations"] != [ref[s] for s in body["sentences"]]
+    assert wrong == 0
+    after = stats(client)
+    latencies.sort()
+    p50, p99 = statistics.median(latencies), latencies[int(0.99 * len(latencies)) - 1]
+    print(
+        f"\nload: 2000 requests, 32 clients: {2000 / elapsed:.0f} requests/s, p50 {p50 * 1000:.0f} ms, "
+        f"p99 {p99 * 1000:.0f} ms, {after['calls'] - before['calls']} translate calls, "
+        f"{after['busy_s'] - before['busy_s']:.1f} s translating"
+    )
+    assert after["requests"] - before["requests"] == 2000
+    assert after["calls"] - before["calls"] < 1000  # merged: far fewer calls than requests
+    assert_alive(client)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the batcher alone
+
+
+def test_batcher_groups_by_options_keeps_order_and_isolates_failures():
+    calls: list[tuple[list[str], dict]] = []
+
+    def fn(sentences, options):
+        calls.append((list(sentences), options))
+        if "bad" in sentences:
+            raise ValueError("bad sentence")
+        return [s.upper() + str(options.get("beam", "")) for s in sentences]
+
+    async def main():
+        b = Batcher(fn, wait_ms=30.0, max_batch_sentences=100)
+        await b.start()
+        try:
+            jobs = [
+                b.submit(["a", "b"]),
+                b.submit(["c"], {"beam": 2}),
+                b.submit([]),
+                b.submit(["d"]),
+                b.submit(["bad"], {"beam": 2}),
+                b.submit(["e"], {"beam": 2}),
+            ]
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            return results, b.stats
+        finally:
+            await b.stop()
+
+    results, st = asyncio.run(main())
+    assert results[:4] == [["A", "B"], ["C2"], [], ["D"]] and results[5] == ["E2"]
+    assert isinstance(results[4], ValueError)
+    # one window; one call without options, one failing call with beam 2, then the three beam-2 requests alone
+    assert calls[0] == (["a", "b", "d"], {}) and calls[1] == (["c", "bad", "e"], {"beam": 2})
+    assert calls[2:] == [(["c"], {"beam": 2}), (["bad"], {"beam": 2}), (["e"], {"beam": 2})]
+    assert (st.requests, st.sentences, st.batches, st.calls, st.failed_calls, st.largest_call) == (5, 6, 1, 5, 2, 3)
+
+
+def test_batcher_window_and_size_limit():
+    calls: list[list[str]] = []
+
+    def fn(sentences, options):
+        calls.append(list(sentences))
+        return sentences
+
+    async def main():
+        b = Batcher(fn, wait_ms=0.0, max_batch_sentences=3)
+        await b.start()
+        try:
+            first = await asyncio.gather(*(b.submit([f"s{i}", f"t{i}"]) for i in range(4)))
+            b.wait = 10.0  # a long window ends early when the batch is full
+            t = time.perf_counter()
+            second = await asyncio.gather(b.submit(["x", "y"]), b.submit(["z"]))
+            return first, second, time.perf_counter() - t
+        finally:
+            await b.stop()
+
+    first, second, elapsed = asyncio.run(main())
+    assert first == [[f"s{i}", f"t{i}"] for i in range(4)] and second == [["x", "y"], ["z"]]
+    assert calls[:2] == [["s0", "t0", "s1", "t1"], ["s2", "t2", "s3", "t3"]]  # full at 4 >= 3: no more taken
+    assert calls[2] == ["x", "y", "z"] and elapsed < 5.0
+
+
+def test_batcher_stop_fails_queued_requests():
+    async def main():
+        b = Batcher(lambda s, o: s, wait_ms=10_000.0)
+        await b.start()
+        task = asyncio.create_task(b.submit(["a"]))
+        await asyncio.sleep(0.05)  # queued and collected; the window is still open
+        await b.stop()
+        return await asyncio.gather(task, return_exceptions=True)
+
+    (result,) = asyncio.run(main())
+    assert isinstance(result, (RuntimeError, asyncio.CancelledError))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the command
+
+
+def test_cli_parser_accepts_serve_options():
+    from transduce.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["serve", "--model", "X", "--port", "8123", "--max-sentences", "8", "--batch-wait-ms", "2", "--beam", "2"]
+    )
+    assert (args.command, args.model, args.port, args.host) == ("serve", "X", 8123, "127.0.0.1")
+    assert (args.max_sentences, args.batch_wait_ms, args.beam, args.max_chars) == (8, 2.0, 2, 1000)
+
+
+@pytest.mark.slow
+def test_cli_serves_until_ctrl_c(tmp_path):
+    model = make_checkpoint(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "transduce.cli", "serve", "--model", str(model), "--port", str(port), "--beam", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.1)
+        assert health["decode"]["beam"] == 2  # --beam sets the server's default
+        r = httpx.post(f"http://127.0.0.1:{port}/translate", json={"sentences": ["a dog.", ""]})
+        assert r.status_code == 200 and r.json()["translations"][1] == ""
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert f"http://127.0.0.1:{port}/" in out and "Application shutdown complete" in out and "stopped" in out
