@@ -20,7 +20,7 @@ import time
 import torch
 
 from transduce.config import DecodeConfig, ModelConfig
-from transduce.model import Transformer, sinusoid
+from transduce.model import Transformer
 from transduce.search import generate
 from transduce.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -28,69 +28,14 @@ OUT_LEN = 25  # output positions per hypothesis, EOS included on our side
 
 
 def to_marian(model: Transformer):
-    """A ``MarianMTModel`` with ``model``'s weights (post-norm, ReLU, shared tied embeddings, sinusoidal positions)."""
-    from transformers import MarianConfig, MarianMTModel
+    """A ``MarianMTModel`` with ``model``'s weights, through :mod:`transduce.interop.marian` (the residual-stream
+    dimensions permuted so that Marian's own ``[sin | cos]`` position table gives our function)."""
+    from transformers import MarianMTModel
 
-    c = model.config
-    assert c.norm == "post" and c.share_vocab and c.tie_output and c.positions == "sinusoidal"
-    mc = MarianConfig(
-        vocab_size=c.tgt_vocab_size, decoder_vocab_size=c.tgt_vocab_size, d_model=c.d_model,
-        encoder_layers=c.encoder_layers, decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.heads, decoder_attention_heads=c.heads,
-        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function=c.activation,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
-        scale_embedding=c.scale_embeddings, pad_token_id=c.pad_id, eos_token_id=c.eos_id,
-        decoder_start_token_id=c.bos_id, forced_eos_token_id=None, bos_token_id=c.bos_id,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-    )  # fmt: skip
-    hf = MarianMTModel(mc).eval()
-    sd = {}
-    sd["model.shared.weight"] = model.src_embed.weight
-    table = sinusoid(torch.arange(1024), c.d_model)  # our interleaved layout, copied as Marian's position table
-    for side in ("encoder", "decoder"):
-        sd[f"model.{side}.embed_tokens.weight"] = model.src_embed.weight
-        sd[f"model.{side}.embed_positions.weight"] = table
-    sd["lm_head.weight"] = model.output.weight
-    sd["final_logits_bias"] = torch.zeros(1, c.tgt_vocab_size)
+    from transduce.interop.marian import copy_to_marian, marian_config
 
-    def lin(dst: str, weight: torch.Tensor, bias: torch.Tensor) -> None:
-        sd[f"{dst}.weight"], sd[f"{dst}.bias"] = weight, bias
-
-    def norm(dst: str, ln: torch.nn.LayerNorm) -> None:
-        lin(dst, ln.weight, ln.bias)
-
-    def self_attn(dst: str, attn) -> None:
-        for name, w, b in zip("qkv", attn.qkv.weight.chunk(3), attn.qkv.bias.chunk(3)):
-            lin(f"{dst}.{name}_proj", w, b)
-        lin(f"{dst}.out_proj", attn.out.weight, attn.out.bias)
-
-    for i, layer in enumerate(model.encoder_layers):
-        p = f"model.encoder.layers.{i}"
-        self_attn(f"{p}.self_attn", layer.self_attn)
-        norm(f"{p}.self_attn_layer_norm", layer.norm1)
-        lin(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias)
-        lin(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias)
-        norm(f"{p}.final_layer_norm", layer.norm2)
-    for i, layer in enumerate(model.decoder_layers):
-        p = f"model.decoder.layers.{i}"
-        self_attn(f"{p}.self_attn", layer.self_attn)
-        norm(f"{p}.self_attn_layer_norm", layer.norm1)
-        x = layer.cross_attn
-        lin(f"{p}.encoder_attn.q_proj", x.q.weight, x.q.bias)
-        (kw, vw), (kb, vb) = x.kv.weight.chunk(2), x.kv.bias.chunk(2)
-        lin(f"{p}.encoder_attn.k_proj", kw, kb)
-        lin(f"{p}.encoder_attn.v_proj", vw, vb)
-        lin(f"{p}.encoder_attn.out_proj", x.out.weight, x.out.bias)
-        norm(f"{p}.encoder_attn_layer_norm", layer.norm2)
-        lin(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias)
-        lin(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias)
-        norm(f"{p}.final_layer_norm", layer.norm3)
-    with torch.no_grad():
-        params = dict(hf.named_parameters(remove_duplicate=False)) | dict(hf.named_buffers(remove_duplicate=False))
-        missing = set(params) - set(sd)
-        assert not missing, f"unmapped Marian tensors: {sorted(missing)}"
-        for name, value in sd.items():
-            params[name].copy_(value)
+    hf = MarianMTModel(marian_config(model.config)).eval()
+    copy_to_marian(model, hf)
     return hf
 
 

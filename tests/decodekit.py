@@ -83,19 +83,26 @@ def train_task_model(
     vocab = len(ALPHABET) + 4
     cfg = ModelConfig.preset("test", src_vocab_size=vocab, tgt_vocab_size=vocab, dropout=0.0, d_model=64, d_ff=128)
     model = Transformer(cfg)
+    fit(model, lambda: task_batch(rng, batch, max_len, reverse=reverse), steps=steps, lr=lr)
+    return model
+
+
+def fit(model: Transformer, next_batch, *, steps: int, lr: float) -> None:
+    """Train ``model`` for ``steps`` updates of plain Adam (50 warmup updates) and cross-entropy on the
+    ``(src, tgt_in, tgt_out)`` batches ``next_batch()`` returns, single-threaded; leaves it in eval mode."""
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     model.train()
     with one_thread():
         for _ in range(steps):
-            src, tgt_in, tgt_out = task_batch(rng, batch, max_len, reverse=reverse)
+            src, tgt_in, tgt_out = next_batch()
             logits = model(src, tgt_in)
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
-    return model.eval()
+    model.eval()
 
 
 @contextlib.contextmanager
@@ -162,21 +169,16 @@ def train_copy_checkpoint(
         d_ff=128, norm=norm,
     )  # fmt: skip
     model = Transformer(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     rng = random.Random(seed)
-    model.train()
-    with one_thread():
-        for _ in range(steps):
-            ids = tok.encode_src_batch(copy_sentences(64, seed=rng.randrange(1 << 30)))
-            src = pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID)
-            tgt_in = pad_sequences([[BOS_ID, *s] for s in ids], PAD_ID)
-            tgt_out = pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID)
-            logits = model(src, tgt_in)
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = tok.encode_src_batch(copy_sentences(64, seed=rng.randrange(1 << 30)))
+        return (
+            pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID),
+            pad_sequences([[BOS_ID, *s] for s in ids], PAD_ID),
+            pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID),
+        )
+
+    fit(model, next_batch, steps=steps, lr=lr)
     config = Config(model=cfg, decode=DecodeConfig(beam=4))
-    return save_model(directory / "model", model.eval(), config, vocab_dir)
+    return save_model(directory / "model", model, config, vocab_dir)
