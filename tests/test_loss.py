@@ -58,3 +58,47 @@ def test_smoothing_raises_loss_above_nll_for_a_confident_model():
     logits = torch.tensor([[[0.0, -5.0, 10.0, -5.0, -5.0]]])
     loss, nll, _ = label_smoothed_nll(logits, torch.tensor([[2]]), 0.1, PAD)
     assert loss.item() > nll.item()
+
+
+def _reference(logits, target, eps, pad_id):
+    """The loss written with autograd-visible operations only: log_softmax, row selection, gather."""
+    vocab = logits.shape[-1]
+    lprobs = F.log_softmax(logits.float(), dim=-1).reshape(-1, vocab)
+    target = target.reshape(-1)
+    keep = target != pad_id
+    lprobs, target = lprobs[keep], target[keep]
+    nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)
+    others = -(lprobs.sum(dim=1) - lprobs[:, pad_id]) - nll
+    return ((1.0 - eps) * nll + eps / (vocab - 2) * others).sum(), nll.sum()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_closed_form_gradient_equals_autograd_of_the_formula(eps):
+    torch.manual_seed(2)
+    logits = (3 * torch.randn(4, 6, 13)).requires_grad_()
+    target = torch.randint(1, 13, (4, 6))
+    target[1, 3:] = PAD
+    target[3, 0] = PAD
+    ref_loss, ref_nll = _reference(logits, target, eps, PAD)
+    (ref_grad,) = torch.autograd.grad(2.5 * ref_loss, logits)
+    loss, nll, n = label_smoothed_nll(logits, target, eps, PAD)
+    (grad,) = torch.autograd.grad(2.5 * loss, logits)
+    assert n == int(target.ne(PAD).sum())
+    torch.testing.assert_close(loss, ref_loss.detach(), atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(nll, ref_nll.detach(), atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_non_finite_logits_at_padded_positions_change_nothing():
+    torch.manual_seed(3)
+    logits = torch.randn(2, 3, 9)
+    target = torch.tensor([[4, 5, PAD], [6, PAD, PAD]])
+    bad = logits.clone()
+    bad[0, 2] = float("nan")
+    bad[1, 1:] = float("inf")
+    x, y = logits.clone().requires_grad_(), bad.clone().requires_grad_()
+    a, b = label_smoothed_nll(x, target, 0.1, PAD)[0], label_smoothed_nll(y, target, 0.1, PAD)[0]
+    a.backward()
+    b.backward()
+    assert torch.equal(a, b) and torch.isfinite(b)
+    assert torch.equal(x.grad, y.grad) and y.grad[0, 2].abs().sum() == 0
