@@ -1,0 +1,346 @@
+"""Training throughput: transduce against ``torch.nn.Transformer`` and Hugging Face ``MarianMTModel`` with the same
+dimensions, weights, batches, loss and optimizer, measured side by side (interleaved) in one process.
+
+    python benchmarks/train_speed.py                                   # small and base, fp32, median of 3
+    python benchmarks/train_speed.py --configs small --precision fp32,bf16
+    python benchmarks/train_speed.py --configs small --profile         # + where the time goes
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/train_speed.py
+
+The contenders (all post-norm, ReLU, one embedding matrix shared by encoder, decoder and output projection and
+scaled by sqrt(d_model), sinusoidal positions, dropout 0.1 on the embeddings and every residual branch, none on
+attention weights or the FFN activation, which is what the presets say):
+
+- ``transduce``: :class:`transduce.model.Transformer`.
+- ``torch.nn.Transformer``: ``speed_common.TorchTransformer``, the same function on ``nn.Transformer`` (without the
+  final encoder/decoder LayerNorms ``nn.Transformer`` adds by default, which a post-norm model does not have).
+- ``MarianMTModel``: built with ``transduce.interop.marian.marian_config`` and our weights copied in with
+  ``copy_to_marian``; called with ``use_cache=False`` (no KV cache in training); transformers' default attention.
+
+Before timing, both copies must reproduce our logits in eval mode (max |diff| < 1e-4, asserted).
+
+Each step is ``logits = model(src, tgt_in)`` (under bf16 autocast for ``bf16``), a label-smoothed loss (eps 0.1,
+mean over target tokens) as each toolkit's users compute it (transduce: ``transduce.loss``, with its closed-form
+gradient; the peers: PyTorch's ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``), ``backward()``,
+``Adam.step()`` (lr 1e-4, betas (0.9, 0.98), eps 1e-9,
+``--adam`` implementation: foreach by default) and ``zero_grad(set_to_none=True)``. Batches: ``--steps`` batches
+made by transduce's own ``TokenBatchSampler`` (``--max-tokens`` 4096 per side, padding included) from 20,000
+sentence pairs whose lengths follow a log-normal fit to Multi30k (``--lengths wmt``: longer, WMT-like sentences).
+One repetition runs every batch once for each model, models in rotating order; the table shows medians over
+``--reps`` repetitions after ``--warmup`` steps per model.
+
+tokens/s counts real source + target tokens (EOS/BOS included, padding not). Achieved FLOP/s counts matrix-product
+FLOPs analytically (``speed_common.forward_flops``), over each sentence's real lengths s and t:
+
+    forward = 2 (P_src * sum s + P_tgt * sum t) + 4 d * sum (L_enc s^2 + L_dec (t s + t (t + 1) / 2))
+    P_src   = L_enc (4 d^2 + 2 d d_ff) + L_dec 2 d^2            (encoder; cross-attention K, V of the memory)
+    P_tgt   = L_dec (6 d^2 + 2 d d_ff) + d V                    (decoder; output projection)
+    step    = 3 x forward                                       (backward: input and weight gradients)
+
+It is shown as a share of the measured matmul peak: the best FLOP/s of a 2048^3 fp32 (1024^3 bf16) ``torch.mm``
+measured at the start, right operand contiguous or transposed (``nn.Linear``'s layout), whichever is faster. On
+CPUs without bf16 instructions (x86 without avx512_bf16 / AMX) bf16 products are emulated and far slower than fp32:
+bf16 is then measured but not worth using; the script says so.
+
+``--models transduce,torch,marian,trainer`` adds a row for ``transduce.trainer.Trainer.train_step`` on a copy of our
+model: the update ``transduce train`` makes (Adam as ``transduce.optim.build_optimizer`` builds it, which is torch's
+default, the single-tensor loop on a CPU; the learning-rate schedule; the gradient-norm check of every update).
+
+``--profile`` adds, per configuration and precision, a breakdown of our step (without dropout, forward only,
+forward + backward, the output projection + loss alone, Adam alone in its three implementations) and the
+torch.profiler table of one repetition of our step, top operators by self CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from speed_common import (
+    TCMALLOC,
+    MarianLogits,
+    Peaks,
+    TorchTransformer,
+    autocast,
+    build_marian,
+    copy_to_torch,
+    cpu_has_native_bf16,
+    describe_batches,
+    environment,
+    gflops,
+    max_logit_diff,
+    measure_peaks,
+    model_config,
+    tcmalloc_loaded,
+    token_batches,
+    train_flops,
+)
+from transduce.config import Config, TrainConfig
+from transduce.data.batch import Batch
+from transduce.loss import label_smoothed_nll
+from transduce.model import Transformer
+from transduce.special import PAD_ID
+from transduce.trainer import Trainer
+
+PEERS = ("torch.nn.Transformer", "MarianMTModel")
+PARITY_ATOL = 1e-4
+TRAINER = "transduce Trainer.train_step"
+
+
+def make_adam(params, kind: str) -> torch.optim.Optimizer:
+    flags = {"foreach": dict(foreach=True), "fused": dict(fused=True), "loop": dict(foreach=False)}[kind]
+    return torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **flags)
+
+
+def loss_of(model: nn.Module, batch: Batch, precision: str) -> torch.Tensor:
+    with autocast(precision):
+        logits = model(batch.src, batch.tgt_in)
+    if isinstance(model, Transformer):  # ours (and the Trainer row): transduce.loss
+        loss_sum, _, n_tokens = label_smoothed_nll(logits, batch.tgt_out, 0.1, PAD_ID)
+    else:  # the peers: PyTorch's own label-smoothed cross-entropy, what their users call
+        n_tokens = int(batch.tgt_out.ne(PAD_ID).sum())
+        loss_sum = F.cross_entropy(
+            logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID, label_smoothing=0.1,
+            reduction="sum",
+        )  # fmt: skip
+    return loss_sum / n_tokens
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, batches: list[Batch], precision: str) -> float:
+    """Seconds for one full update on each batch."""
+    start = time.perf_counter()
+    for batch in batches:
+        loss_of(model, batch, precision).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def trainer_stepper(ours: Transformer) -> Callable[[list[Batch], str], float]:
+    """Updates through ``transduce.trainer.Trainer.train_step`` on a copy of ``ours``: what ``transduce train``
+    runs (its Adam as ``build_optimizer`` makes it, the learning-rate schedule, the gradient-norm check)."""
+    model = Transformer(ours.config)
+    model.load_state_dict(ours.state_dict())
+    config = Config(model=ours.config, train=TrainConfig(label_smoothing=0.1))
+    trainer = Trainer(config, model, torch.device("cpu"))
+
+    def run(batches: list[Batch], precision: str) -> float:
+        trainer.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        start = time.perf_counter()
+        for batch in batches:
+            trainer.train_step([batch])
+        return time.perf_counter() - start
+
+    return run
+
+
+def median_time(fn: Callable[[], float | None], reps: int, warmup: int = 1) -> float:
+    """Median over ``reps`` calls of ``fn`` (its return value when it returns seconds, else wall time)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        t = fn()
+        times.append(t if t is not None else time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# where the time goes
+
+
+def breakdown(model: Transformer, batches: list[Batch], precision: str, reps: int, adam: str, full: float) -> None:
+    """Time pieces of our step; print them as shares of the full step (``full`` seconds for all batches)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows: list[tuple[str, float]] = [(f"full step ({adam} Adam)", full)]
+
+    def no_dropout() -> float:
+        model.eval()  # only dropout depends on the mode
+        try:
+            return train_steps(model, opt, batches, precision)
+        finally:
+            model.train()
+
+    opt = make_adam(params, adam)
+    rows.append(("full step without dropout", median_time(no_dropout, reps)))
+
+    def forward() -> None:
+        for batch in batches:
+            loss_of(model, batch, precision)
+
+    def forward_backward() -> None:
+        for batch in batches:
+            loss_of(model, batch, precision).backward()
+        model.zero_grad(set_to_none=True)
+
+    rows.append(("forward + loss (autograd on)", median_time(forward, reps)))
+    rows.append(("forward + loss + backward", median_time(forward_backward, reps)))
+
+    c = model.config
+    hidden = [torch.randn(b.tgt_in.shape[0], b.tgt_in.shape[1], c.d_model, requires_grad=True) for b in batches]
+
+    def head() -> None:
+        for h, batch in zip(hidden, batches):
+            with autocast(precision):
+                logits = model.output(h)
+            loss_sum, _, n = label_smoothed_nll(logits, batch.tgt_out, 0.1, PAD_ID)
+            (loss_sum / n).backward()
+        model.zero_grad(set_to_none=True)
+
+    rows.append((f"output projection (d x {c.tgt_vocab_size}) + log-softmax loss, fwd + bwd", median_time(head, reps)))
+    for kind in ("loop", "foreach", "fused"):
+        o = make_adam(params, kind)
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+
+        def step(o=o) -> None:
+            for _ in batches:
+                o.step()
+
+        rows.append((f"Adam step alone ({kind})", median_time(step, reps)))
+        del o
+    model.zero_grad(set_to_none=True)
+    print(f"\nWhere the time of our step goes ({len(batches)} batches, median of {reps}):\n")
+    print("| piece | ms per step | share of the full step |")
+    print("|---|---|---|")
+    for name, t in rows:
+        print(f"| {name} | {1000 * t / len(batches):.0f} | {t / full:.0%} |")
+
+
+def profile_table(model: Transformer, batches: list[Batch], precision: str, adam: str, rows: int) -> None:
+    opt = make_adam([p for p in model.parameters() if p.requires_grad], adam)
+    train_steps(model, opt, batches[:1], precision)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_steps(model, opt, batches, precision)
+    print(f"\ntorch.profiler, our step ({len(batches)} batches, {adam} Adam), top {rows} operators by self CPU time:\n")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="small,base", help="model presets, comma-separated")
+    ap.add_argument("--precision", default="fp32", help="fp32, bf16 or fp32,bf16")
+    ap.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size")
+    ap.add_argument("--max-tokens", type=int, default=4096, help="batch budget per side, padding included")
+    ap.add_argument("--lengths", default="multi30k", choices=["multi30k", "wmt"])
+    ap.add_argument("--steps", type=int, default=2, help="batches (updates) per repetition and model")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed updates per model before timing")
+    ap.add_argument("--adam", default="foreach", choices=["foreach", "fused", "loop"])
+    ap.add_argument("--models", default="transduce,torch,marian", help="contenders (+ trainer: see above)")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="also show where the time of our step goes")
+    ap.add_argument("--profile-rows", type=int, default=25)
+    args = ap.parse_args()
+    precisions = args.precision.split(",")
+    assert set(precisions) <= {"fp32", "bf16"}, f"--precision: fp32 and/or bf16, got {args.precision}"
+    wanted = args.models.split(",")
+    assert set(wanted) <= {"transduce", "torch", "marian", "trainer"} and "transduce" in wanted, args.models
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(environment())
+    peaks: Peaks = measure_peaks()
+    print(f"measured matmul peak (best torch.mm of two layouts): {peaks.describe()}")
+    if "bf16" in precisions and not cpu_has_native_bf16():
+        print(
+            "NOTE: this CPU has no bf16 matrix instructions (avx512_bf16 / amx_bf16): bf16 autocast is emulated and "
+            "slower than fp32, so the bf16 rows show this machine's limit, not the models' (the issue's 1.3x bf16 "
+            "target needs a CPU with bf16 instructions or a GPU)."
+        )
+    print(
+        f"step: forward + label-smoothed loss (0.1) + backward + Adam ({args.adam}) + zero_grad; "
+        f"{args.steps} batches per repetition and model, median of {args.reps} after {args.warmup} warm-up steps\n"
+    )
+
+    results = []  # (config, precision, model, seconds per rep, tokens per rep, flops per rep)
+    for name in args.configs.split(","):
+        c = model_config(name, args.vocab)
+        torch.manual_seed(args.seed)
+        ours = Transformer(c).train()
+        models: dict[str, nn.Module] = {"transduce": ours}
+        batches = token_batches(args.steps, args.max_tokens, args.vocab, lengths=args.lengths, seed=args.seed)
+        if "torch" in wanted:
+            ref = TorchTransformer(c)
+            copy_to_torch(ours, ref)
+            diff = max_logit_diff(ours, ref, batches[0])
+            print(f"{name}: logits max |ours - torch.nn.Transformer| = {diff:.2e}")
+            assert diff < PARITY_ATOL, "the torch.nn.Transformer model does not reproduce our logits"
+            models["torch.nn.Transformer"] = ref.train()
+        if "marian" in wanted:
+            import transformers
+
+            hf = MarianLogits(build_marian(ours), c.pad_id)
+            diff = max_logit_diff(ours, hf, batches[0])
+            attn = hf.hf.config._attn_implementation
+            print(f"{name}: logits max |ours - MarianMTModel| = {diff:.2e} (transformers {transformers.__version__}, "
+                  f"attention: {attn})")  # fmt: skip
+            assert diff < PARITY_ATOL, "the MarianMTModel copy does not reproduce our logits"
+            models["MarianMTModel"] = hf.train()
+        print(f"{name}: {ours.num_parameters() / 1e6:.1f}M parameters; {describe_batches(batches)}")
+        tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
+        flops = sum(train_flops(c, b) for b in batches)
+        steppers: dict[str, Callable[[list[Batch], str], float]] = {}
+        for m, model in models.items():
+            opt = make_adam([p for p in model.parameters() if p.requires_grad], args.adam)
+            steppers[m] = functools.partial(train_steps, model, opt)
+        if "trainer" in wanted:
+            steppers[TRAINER] = trainer_stepper(ours)
+        for precision in precisions:
+            for step in steppers.values():
+                for i in range(args.warmup):
+                    step([batches[i % len(batches)]], precision)
+            times: dict[str, list[float]] = {m: [] for m in steppers}
+            order = list(steppers)
+            for rep in range(args.reps):
+                for m in order[rep % len(order) :] + order[: rep % len(order)]:  # rotate who goes first
+                    times[m].append(steppers[m](batches, precision))
+            for m in steppers:
+                results.append((name, precision, m, statistics.median(times[m]), tokens, flops))
+            print(f"{name} {precision}: " + ", ".join(f"{m} {[round(t, 2) for t in times[m]]} s" for m in times))
+            if args.profile:
+                if not tcmalloc_loaded():
+                    print(
+                        "note: with glibc malloc, torch.profiler's own allocations can inflate allocation-heavy "
+                        f"operators (seen with cat in decoding); for the profile prefer LD_PRELOAD={TCMALLOC}"
+                    )
+                full = statistics.median(times["transduce"])
+                breakdown(ours, batches, precision, args.reps, args.adam, full)
+                profile_table(ours, batches, precision, args.adam, args.profile_rows)
+        del models, steppers, ours
+        gc.collect()
+
+    print(
+        "\n| config | precision | model | ms/step | tokens/s (src+tgt) | vs fastest peer | GFLOP/s | of matmul peak |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, precision, m, dt, tokens, flops in results:
+        peers = [tok / t for n, p, mm, t, tok, _ in results if n == name and p == precision and mm in PEERS]
+        speed = tokens / dt
+        vs = f"{speed / max(peers):.2f}x" if peers else "-"
+        achieved = flops / dt
+        print(f"| {name} | {precision} | {m} | {1000 * dt / args.steps:.0f} | {speed:,.0f} | {vs} | "
+              f"{gflops(achieved)} | {achieved / peaks.of(precision):.1%} |")  # fmt: skip
+    if len(precisions) == 2:
+        print("\nbf16 autocast / fp32 throughput:")
+        for name in args.configs.split(","):
+            for m in dict.fromkeys(r[2] for r in results if r[0] == name):
+                t = {p: dt for n, p, mm, dt, _, _ in results if n == name and mm == m}
+                print(f"- {name} {m}: {t['fp32'] / t['bf16']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
