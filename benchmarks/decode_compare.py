@@ -147,10 +147,12 @@ def main() -> None:
     if not args.src and not args.sentences:
         args.sentences = 500
 
+    from transduce.interop import quiet_transformers
     from transduce.interop.ctranslate2 import export_ctranslate2
     from transduce.interop.marian import export_hf, export_problems
     from transduce.model.quantize import quantize_int8
 
+    quiet_transformers()
     work = Path(tempfile.mkdtemp(prefix="decode-compare-"))
     if args.model:
         source = args.model
