@@ -67,11 +67,10 @@ def transformer_spec(model: Transformer, tokenizer):
         (c.encoder_layers, c.decoder_layers), c.heads, pre_norm=c.norm == "pre", activation=activation
     )
 
-    def linear(dst, layer: torch.nn.Linear | None, weight=None, bias=None) -> None:
-        weight = layer.weight if layer is not None else weight
-        bias = layer.bias if layer is not None else bias
-        dst.weight = _array(weight)
-        dst.bias = _array(bias) if bias is not None else np.zeros(weight.shape[0], dtype=np.float32)
+    def linear(dst, layer: torch.nn.Linear) -> None:
+        dst.weight = _array(layer.weight)
+        bias = layer.bias if layer.bias is not None else torch.zeros(layer.out_features)
+        dst.bias = _array(bias)
 
     def norm(dst, ln: torch.nn.LayerNorm) -> None:
         dst.gamma, dst.beta = _array(ln.weight), _array(ln.bias)
@@ -87,24 +86,27 @@ def transformer_spec(model: Transformer, tokenizer):
 
     inputs(spec.encoder, model.src_embed, model.src_positions)
     inputs(spec.decoder, model.tgt_embed, model.tgt_positions)
+
+    def self_attention(dst, ours) -> None:
+        linear(dst.self_attention.linear[0], ours.self_attn.qkv)
+        linear(dst.self_attention.linear[1], ours.self_attn.out)
+        norm(dst.self_attention.layer_norm, ours.norm1)
+
+    def feed_forward(dst, ours, ln: torch.nn.LayerNorm) -> None:
+        linear(dst.ffn.linear_0, ours.ffn.w1)
+        linear(dst.ffn.linear_1, ours.ffn.w2)
+        norm(dst.ffn.layer_norm, ln)
+
     for layer, ours in zip(spec.encoder.layer, model.encoder_layers):
-        linear(layer.self_attention.linear[0], ours.self_attn.qkv)
-        linear(layer.self_attention.linear[1], ours.self_attn.out)
-        norm(layer.self_attention.layer_norm, ours.norm1)
-        linear(layer.ffn.linear_0, ours.ffn.w1)
-        linear(layer.ffn.linear_1, ours.ffn.w2)
-        norm(layer.ffn.layer_norm, ours.norm2)
+        self_attention(layer, ours)
+        feed_forward(layer, ours, ours.norm2)
     for layer, ours in zip(spec.decoder.layer, model.decoder_layers):
-        linear(layer.self_attention.linear[0], ours.self_attn.qkv)
-        linear(layer.self_attention.linear[1], ours.self_attn.out)
-        norm(layer.self_attention.layer_norm, ours.norm1)
+        self_attention(layer, ours)
         linear(layer.attention.linear[0], ours.cross_attn.q)
         linear(layer.attention.linear[1], ours.cross_attn.kv)
         linear(layer.attention.linear[2], ours.cross_attn.out)
         norm(layer.attention.layer_norm, ours.norm2)
-        linear(layer.ffn.linear_0, ours.ffn.w1)
-        linear(layer.ffn.linear_1, ours.ffn.w2)
-        norm(layer.ffn.layer_norm, ours.norm3)
+        feed_forward(layer, ours, ours.norm3)
     if c.norm == "pre":
         norm(spec.encoder.layer_norm, model.encoder_norm)
         norm(spec.decoder.layer_norm, model.decoder_norm)

@@ -284,7 +284,6 @@ class MarianVocab:
     lowercase = False
 
     def __init__(self, directory: str | Path, meta: dict[str, Any]) -> None:
-        transformers = require("transformers")
         self.directory = Path(directory)
         self.separate = bool(meta.get("separate_vocabs", False))
         self.meta = {
@@ -297,14 +296,8 @@ class MarianVocab:
         missing = [name for name in needed if not (self.directory / name).is_file()]
         if missing:
             raise InteropError(f"{self.directory}: Marian vocabulary files missing: {', '.join(missing)}")
-        self._tok = transformers.MarianTokenizer(
-            source_spm=str(self.directory / "source.spm"),
-            target_spm=str(self.directory / "target.spm"),
-            vocab=str(self.directory / "vocab.json"),
-            target_vocab_file=str(self.directory / "target_vocab.json") if self.separate else None,
-            separate_vocabs=self.separate,
-            source_lang=self.meta["source_lang"],
-            target_lang=self.meta["target_lang"],
+        self._tok = marian_tokenizer(
+            self.directory, separate=self.separate, src_lang=self.meta["source_lang"], tgt_lang=self.meta["target_lang"]
         )
         self._lock = threading.Lock()  # MarianTokenizer switches between source and target mode in place
         self._src = {i: p for p, i in self._tok.encoder.items()}
@@ -394,21 +387,26 @@ def _vocab_json(pieces: list[str], where: str) -> dict[str, int]:
     return vocab
 
 
+def marian_tokenizer(directory: Path, *, separate: bool, src_lang: str | None, tgt_lang: str | None):
+    """``transformers.MarianTokenizer`` over the Marian vocabulary files in ``directory``."""
+    transformers = require("transformers")
+    return transformers.MarianTokenizer(
+        source_spm=str(directory / "source.spm"),
+        target_spm=str(directory / "target.spm"),
+        vocab=str(directory / "vocab.json"),
+        target_vocab_file=str(directory / "target_vocab.json") if separate else None,
+        separate_vocabs=separate,
+        source_lang=src_lang,
+        target_lang=tgt_lang,
+    )
+
+
 def write_marian_vocab(tokenizer, directory: Path, *, src_lang: str | None, tgt_lang: str | None) -> None:
     """The files ``MarianTokenizer`` reads for our tokenizer (or copies of an imported Marian vocabulary), written
     into ``directory`` by ``MarianTokenizer.save_pretrained``."""
-    transformers = require("transformers")
+    langs = dict(src_lang=src_lang, tgt_lang=tgt_lang)
     if isinstance(tokenizer, MarianVocab):
-        files = tokenizer.directory
-        tok = transformers.MarianTokenizer(
-            source_spm=str(files / "source.spm"),
-            target_spm=str(files / "target.spm"),
-            vocab=str(files / "vocab.json"),
-            target_vocab_file=str(files / "target_vocab.json") if tokenizer.separate else None,
-            separate_vocabs=tokenizer.separate,
-            source_lang=src_lang,
-            target_lang=tgt_lang,
-        )
+        tok = marian_tokenizer(tokenizer.directory, separate=tokenizer.separate, **langs)
         tok.save_pretrained(str(directory))
         return
     staging = Path(tempfile.mkdtemp(prefix="marian-vocab-"))
@@ -416,21 +414,13 @@ def write_marian_vocab(tokenizer, directory: Path, *, src_lang: str | None, tgt_
         src_proto, tgt_proto = tokenizer.model_protos()
         (staging / "source.spm").write_bytes(src_proto)
         (staging / "target.spm").write_bytes(tgt_proto)
-        src_vocab = _vocab_json(tokenizer.src_pieces(range(tokenizer.src_vocab_size)), "source vocabulary")
-        (staging / "vocab.json").write_text(json.dumps(src_vocab, ensure_ascii=False), encoding="utf-8")
+        sides = [("vocab.json", tokenizer.src_pieces, tokenizer.src_vocab_size, "source vocabulary")]
         if not tokenizer.joint:
-            tgt_vocab = _vocab_json(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)), "target vocabulary")
-            (staging / "target_vocab.json").write_text(json.dumps(tgt_vocab, ensure_ascii=False), encoding="utf-8")
-        tok = transformers.MarianTokenizer(
-            source_spm=str(staging / "source.spm"),
-            target_spm=str(staging / "target.spm"),
-            vocab=str(staging / "vocab.json"),
-            target_vocab_file=str(staging / "target_vocab.json") if not tokenizer.joint else None,
-            separate_vocabs=not tokenizer.joint,
-            source_lang=src_lang,
-            target_lang=tgt_lang,
-        )
-        tok.save_pretrained(str(directory))
+            sides.append(("target_vocab.json", tokenizer.tgt_pieces, tokenizer.tgt_vocab_size, "target vocabulary"))
+        for name, pieces, size, what in sides:
+            vocab = _vocab_json(pieces(range(size)), what)
+            (staging / name).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        marian_tokenizer(staging, separate=not tokenizer.joint, **langs).save_pretrained(str(directory))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
