@@ -138,6 +138,58 @@ def test_cache_reorder_and_select_equal_decoding_the_reindexed_batch():
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
+def test_grouped_cache_keeps_one_cross_row_per_sentence_and_equals_the_repeated_batch(norm):
+    """``repeat`` makes each row a group of beams sharing one cross-attention row; decoding through it, moving rows
+    within groups, dropping whole groups, and breaking groups all equal teacher forcing on the re-indexed batch."""
+    model = make(norm)
+    src, tgt = batch()
+    beams = 2
+    with torch.no_grad():
+        memory = model.encode(src)
+        _, cache = model.decode(tgt[:, :2], memory)
+        grouped = cache.repeat(beams)
+        assert grouped.group == beams and grouped.batch_size == 3 * beams
+        assert grouped.cross_kv[0][0].shape[0] == 3  # not copied per beam
+        rows = torch.arange(3).repeat_interleave(beams)
+        tgt6 = tgt[rows].clone()
+        tgt6[:, 2:4] = torch.randint(4, V, (6, 2), generator=torch.Generator().manual_seed(3))  # beams differ
+        logits, grouped = model.decode(tgt6[:, 2:3], memory, grouped)
+        assert torch.allclose(logits, model(src[rows], tgt6[:, :3])[:, 2:3], atol=1e-5)
+
+        within = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move inside their sentence's group
+        moved = tgt6[within]
+        logits, _ = model.decode(moved[:, 3:4], memory, grouped.reorder_beams(within))
+        assert torch.allclose(logits, model(src[rows], moved[:, :4])[:, 3:4], atol=1e-5)
+
+        whole = torch.tensor([0, 1, 4, 5])  # sentences 0 and 2: the groups stay
+        kept = grouped.select(whole)
+        assert kept.group == beams and kept.cross_kv[0][0].shape[0] == 2
+        logits, _ = model.decode(tgt6[whole, 3:4], memory, kept)
+        assert torch.allclose(logits, model(src[rows[whole]], tgt6[whole, :4])[:, 3:4], atol=1e-5)
+
+        broken = torch.tensor([5, 0, 3])  # not whole groups: every row gets its own cross-attention row
+        mixed = grouped.reorder(broken)
+        assert mixed.group == 1 and mixed.cross_kv[0][0].shape[0] == 3
+        logits, _ = model.decode(tgt6[broken, 3:4], memory, mixed)
+        assert torch.allclose(logits, model(src[rows[broken]], tgt6[broken, :4])[:, 3:4], atol=1e-5)
+
+
+def test_grouped_cross_attention_weights_equal_the_ungrouped_ones():
+    model = make()
+    attn = model.decoder_layers[0].cross_attn
+    src, _ = batch()
+    with torch.no_grad():
+        memory = model.encode(src)
+        kv = attn.memory_kv(memory.states)
+        x = torch.randn(6, 2, model.config.d_model)  # 3 sentences x 2 beams, 2 positions each
+        rows = torch.arange(3).repeat_interleave(2)
+        out, w = attn.cross_attend(x, kv, memory.mask, group=2, need_weights=True)
+        ref_out, ref_w = attn.cross_attend(x, (kv[0][rows], kv[1][rows]), memory.mask[rows], need_weights=True)
+    assert w.shape == ref_w.shape == (6, model.config.heads, 2, src.shape[1])
+    assert torch.allclose(out, ref_out, atol=1e-6) and torch.allclose(w, ref_w, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
 def test_causality(norm):
     model = make(norm)
     src, tgt = batch()

@@ -184,11 +184,23 @@ class MultiHeadAttention(nn.Module):
         return out, (k, v), weights
 
     def cross_attend(
-        self, x: Tensor, kv: KV, mask: Tensor | None, *, need_weights: bool = False
+        self, x: Tensor, kv: KV, mask: Tensor | None, *, group: int = 1, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention of the decoder states ``x`` (B, T, d_model) over the encoder's (k, v) from :meth:`memory_kv`."""
-        out, weights = self._attend(self._split(self.q(x)), kv[0], kv[1], mask, False, need_weights)
-        return out, weights
+        """Attention of the decoder states ``x`` (B, T, d_model) over the encoder's (k, v) from :meth:`memory_kv`.
+
+        With ``group`` > 1, ``kv`` and ``mask`` hold one row per ``group`` consecutive rows of ``x`` (the beams of a
+        sentence); the group's queries attend together, so the keys and values are neither copied nor read once per
+        row.
+        """
+        q = self._split(self.q(x))  # (B, h, T, d_k)
+        if group == 1:
+            return self._attend(q, kv[0], kv[1], mask, False, need_weights)
+        b, h, t, d_k = q.shape
+        q = q.view(b // group, group, h, t, d_k).transpose(1, 2).reshape(b // group, h, group * t, d_k)
+        out, weights = self._attend(q, kv[0], kv[1], mask, False, need_weights)  # (B / group, group * T, d_model)
+        if weights is not None:  # (B / group, h, group * T, S) -> (B, h, T, S)
+            weights = weights.view(b // group, h, group, t, -1).transpose(1, 2).reshape(b, h, t, -1)
+        return out.view(b, t, -1), weights
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
@@ -296,8 +308,10 @@ class DecoderLayer(nn.Module):
         *,
         past: KV | None,
         need_weights: bool = False,
+        group: int = 1,
     ) -> tuple[Tensor, KV, tuple[Tensor | None, Tensor | None]]:
-        """Causal self-attention over ``past`` and ``x`` (B, T, d_model), then attention over the encoder output.
+        """Causal self-attention over ``past`` and ``x`` (B, T, d_model), then attention over the encoder output
+        (``memory_kv`` and ``memory_mask`` with one row per ``group`` rows of ``x``, see :class:`DecoderCache`).
 
         Returns:
             x, this layer's self-attention (k, v) of all positions for the cache, and the (self, cross) attention
@@ -308,7 +322,7 @@ class DecoderLayer(nn.Module):
         )
         x = self.res.add(x, a, self.norm1)
         c, cross_w = self.cross_attn.cross_attend(
-            self.res.inp(x, self.norm2), memory_kv, memory_mask, need_weights=need_weights
+            self.res.inp(x, self.norm2), memory_kv, memory_mask, group=group, need_weights=need_weights
         )
         x = self.res.add(x, c, self.norm2)
         x = self.res.add(x, self.ffn(self.res.inp(x, self.norm3)), self.norm3)

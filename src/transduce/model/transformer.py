@@ -131,8 +131,10 @@ class Transformer(nn.Module):
         """
         if cache is None:
             cache = self.init_cache(memory)
-        x, new_kv, _ = self._decode_layers(tgt, cache.cross_kv, cache.memory_mask, cache.self_kv, need_weights=False)
-        return self.output(x), DecoderCache(tuple(new_kv), cache.cross_kv, cache.memory_mask)
+        x, new_kv, _ = self._decode_layers(
+            tgt, cache.cross_kv, cache.memory_mask, cache.self_kv, need_weights=False, group=cache.group
+        )
+        return self.output(x), DecoderCache(tuple(new_kv), cache.cross_kv, cache.memory_mask, cache.group)
 
     def _decode_layers(
         self,
@@ -142,6 +144,7 @@ class Transformer(nn.Module):
         past: tuple[KV, ...] | None,
         need_weights: bool,
         memory: Memory | None = None,
+        group: int = 1,
     ) -> tuple[Tensor, list[KV], tuple[list, list]]:
         offset = past[0][0].shape[2] if past else 0
         x = self._embed(tgt, self.tgt_embed, self.tgt_positions, offset)
@@ -149,7 +152,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             kv = cross_kv[i] if cross_kv is not None else layer.cross_attn.memory_kv(memory.states)
             x, layer_kv, (self_w, cross_w) = layer(
-                x, kv, memory_mask, past=past[i] if past else None, need_weights=need_weights
+                x, kv, memory_mask, past=past[i] if past else None, need_weights=need_weights, group=group
             )
             new_kv.append(layer_kv)
             self_ws.append(self_w)

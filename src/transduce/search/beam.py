@@ -6,6 +6,11 @@ The step policy :func:`beam_step` takes the top ``2 * beam`` candidates of each 
 beam). EOS candidates ranked within the top ``beam`` become finished hypotheses; the best ``beam`` non-EOS candidates
 stay live. After every selection the cache is re-indexed with the beam each survivor came from; a sentence is done,
 and dropped from the batch (cache and memory rows included), when no live hypothesis can beat its finished ones.
+
+Two things keep the work per step down. The first step decodes one row per sentence (all beams would start from
+the same BOS), then each row becomes ``beam`` rows. And the beams of a sentence share one row of cross-attention
+keys/values (:class:`transduce.model.DecoderCache` groups): they are neither copied per beam nor re-indexed, and the
+decoder attends with a sentence's beam queries together.
 """
 
 from __future__ import annotations
@@ -33,15 +38,21 @@ def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Ten
     Args:
         log_probs: (N, beam, V) log-probabilities of the next token (-inf where not allowed).
         scores: (N, beam) cumulative log-probabilities of the live hypotheses (-inf for empty beam slots).
-        size: how many candidates to return per sentence (2 * beam in beam search); at most beam * V.
+        size: how many candidates to return per sentence (2 * beam in beam search).
     Returns:
         ``(scores, tokens, beams)``, each (N, size), sorted by score (descending): the cumulative log-probability of
-        each candidate, its last token and the beam it extends. Candidates with score -inf are not valid.
+        each candidate, its last token and the beam it extends. Candidates with score -inf are not valid (when
+        ``size`` exceeds beam * V, the last ones are such padding, with token 0 and beam 0).
     """
     n, beam, vocab = log_probs.shape
     total = (scores[:, :, None] + log_probs).view(n, beam * vocab)
     top_scores, flat = total.topk(min(size, beam * vocab), dim=1)
-    return top_scores, flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
+    tokens, beams = flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
+    if size > beam * vocab:  # fewer candidates than asked for: pad with invalid ones
+        pad = size - beam * vocab
+        top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
+        tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (tokens, beams))
+    return top_scores, tokens, beams
 
 
 def reorder_beams(cache: Any, index: Tensor) -> Any:
@@ -49,6 +60,14 @@ def reorder_beams(cache: Any, index: Tensor) -> Any:
     that knows a cheaper way to do that (:meth:`DecoderCache.reorder_beams`) uses it."""
     reorder = getattr(cache, "reorder_beams", None)
     return reorder(index) if reorder is not None else cache.reorder(index)
+
+
+def repeat_rows(cache: Any, index: Tensor, copies: int) -> Any:
+    """``cache.reorder(index)`` for ``index = arange(rows).repeat_interleave(copies)``, each row ``copies`` times in a
+    row (the beams after the first step); a cache with ``repeat`` (:meth:`DecoderCache.repeat`, which keeps one
+    cross-attention row per sentence) uses it."""
+    repeat = getattr(cache, "repeat", None)
+    return repeat(copies) if repeat is not None else cache.reorder(index)
 
 
 class _Finished:
@@ -111,17 +130,17 @@ def beam_search(
     limit = max_lengths(model, src, max_len_a, max_len_b)  # (n,) by original sentence
     finished = _Finished(n, beam, device)
 
+    # The first step extends only one hypothesis per sentence (the beams would all be the same BOS): `width` rows per
+    # sentence, 1 at the first step, then `beam`.
     memory = model.encode(src)
-    expand = torch.arange(n, device=device).repeat_interleave(beam)  # row r belongs to sentence r // beam
-    cache: Any = model.init_cache(memory).reorder(expand) if use_cache else None  # cross K/V computed once each
-    memory = memory.index_select(expand)
+    cache: Any = model.init_cache(memory) if use_cache else None  # cross K/V computed once per sentence
+    width = 1
     alive = torch.arange(n, device=device)  # original index of each sentence still in the batch
-    scores = torch.full((n, beam), NEG_INF, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: only the first may be extended at step 0
-    history = torch.empty(n * beam, 0, dtype=torch.long, device=device)  # (rows, step) generated tokens
+    scores = torch.zeros(n, 1, device=device)
+    history = torch.empty(n, 0, dtype=torch.long, device=device)  # (rows, step) generated tokens
     bos = torch.full((n * beam, 1), cfg.bos_id, dtype=torch.long, device=device)
-    tokens_in = bos
-    row_limit = limit.repeat_interleave(beam)
+    tokens_in = bos[:n]
+    row_limit = limit
     beam_offsets = torch.arange(2 * beam, device=device)
 
     step = 0
@@ -136,7 +155,7 @@ def beam_search(
             no_repeat_ngram=no_repeat_ngram,
         )  # fmt: skip
         m = alive.shape[0]
-        cand_scores, cand_tokens, cand_beams = beam_step(log_probs.view(m, beam, -1), scores, 2 * beam)
+        cand_scores, cand_tokens, cand_beams = beam_step(log_probs.view(m, width, -1), scores, 2 * beam)
         cand_eos = cand_tokens.eq(cfg.eos_id)
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses
@@ -145,7 +164,7 @@ def beam_search(
             idx = finalize.nonzero().tolist()
             sents = alive[[i for i, _ in idx]].tolist()
             for (i, r), sent in zip(idx, sents):
-                row = i * beam + int(cand_beams[i, r])
+                row = i * width + int(cand_beams[i, r])
                 lp = float(cand_scores[i, r])
                 finished.add(sent, Hypothesis(history[row].tolist(), final_score(lp, step + 1, alpha), lp))
 
@@ -153,10 +172,17 @@ def beam_search(
         rank = torch.where(cand_eos, beam_offsets + 2 * beam, beam_offsets)
         pick = rank.topk(beam, dim=1, largest=False).indices  # (m, beam), in score order
         scores = cand_scores.gather(1, pick)
-        source_rows = (torch.arange(m, device=device)[:, None] * beam + cand_beams.gather(1, pick)).view(-1)
+        source_rows = (torch.arange(m, device=device)[:, None] * width + cand_beams.gather(1, pick)).view(-1)
         tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
         history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
-        if use_cache:
+        if width < beam:  # after the first step: every sentence's row becomes `beam` rows
+            row_limit = row_limit.repeat_interleave(beam)
+            if use_cache:
+                cache = repeat_rows(cache, source_rows, beam)
+            else:
+                memory = memory.index_select(source_rows)
+            width = beam
+        elif use_cache:
             cache = reorder_beams(cache, source_rows)
         step += 1
 
@@ -176,8 +202,9 @@ def beam_search(
             alive, scores = alive.index_select(0, keep), scores.index_select(0, keep)
             history, tokens_in = history.index_select(0, rows), tokens_in.index_select(0, rows)
             row_limit = row_limit.index_select(0, rows)
-            memory = memory.index_select(rows)
             if use_cache:
                 cache = cache.select(rows)
+            else:
+                memory = memory.index_select(rows)
 
     return [hyps[:nbest] for hyps in finished.hyps]
