@@ -1,0 +1,111 @@
+"""Choose a Multi30k run's final model and decoding settings on the validation set, then score the test sets once.
+
+    python benchmarks/multi30k_select.py runs/multi30k_en_de                       # last 5 and last 10 averaged
+    python benchmarks/multi30k_select.py RUN --average 5,10,15 --beams 4,6 --alphas 0.6,1.0,1.4
+
+1. Candidates: the run's newest checkpoint and, for each N of ``--average``, the mean of its N newest checkpoints
+   (written to ``RUN/average_lastN`` as ``transduce average RUN --last N`` does). Each is translated on the
+   validation set with the run's decoding settings.
+2. The candidate with the best validation BLEU in the literature's convention (lowercased, Moses-tokenised) is
+   decoded on the validation set again for every beam size x length penalty of the grid.
+3. The winning model and settings translate the validation and test sets once, through ``transduce report
+   --evaluate`` (``RUN/eval/scores.json``: both BLEU conventions with signatures).
+
+Nothing here looks at the test set before step 3. Prints markdown tables for ``benchmarks/multi30k.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from transduce import checkpoint as ckpt
+from transduce.config import Config
+from transduce.evaluate import score_tokenized_lowercase
+from transduce.report import evaluate_run
+from transduce.textio import read_lines, resolve_corpus_file
+from transduce.translate import Translator
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="training run directory")
+    ap.add_argument("--average", type=ints, default=[5, 10], help="N of the averages of the N newest checkpoints")
+    ap.add_argument("--beams", type=ints, default=[4, 5])
+    ap.add_argument("--alphas", type=floats, default=[0.6, 1.0])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    cfg = Config.load(args.run / "config.yaml")
+    if not cfg.data.valid:
+        raise SystemExit(f"{args.run / 'config.yaml'}: no data.valid set to choose on")
+    lang = cfg.data.tgt_lang
+    sources = [t for _, t in read_lines(resolve_corpus_file(cfg.data.valid, cfg.data.src_lang))]
+    references = [t for _, t in read_lines(resolve_corpus_file(cfg.data.valid, lang))]
+
+    def val_bleu(model_path: Path, **decode) -> float:
+        translator = Translator.load(model_path, decode=cfg.decode.replace(**decode))
+        return score_tokenized_lowercase(translator.translate(sources), references, lang).bleu_lc_tok
+
+    found = ckpt.list_checkpoints(args.run)
+    candidates: list[tuple[str, Path]] = [(f"last ({found[-1].name})", found[-1])]
+    for n in args.average:
+        if n > len(found):
+            print(f"skipping the average of {n}: the run has {len(found)} checkpoints")
+            continue
+        out = args.run / f"average_last{n}"
+        model, config, vocab_dir = ckpt.average_checkpoints(found[-n:])
+        ckpt.save_model(out, model, config, vocab_dir)
+        candidates.append((f"average of the last {n} ({found[-n].name} .. {found[-1].name})", out))
+
+    beam0, alpha0 = cfg.decode.beam, cfg.decode.length_penalty
+    print(f"\nValidation BLEU (lowercased, Moses-tokenised), beam {beam0}, alpha {alpha0}:\n")
+    print("| model | val BLEU | seconds |\n|---|---|---|")
+    scored = []
+    for name, path in candidates:
+        t0 = time.perf_counter()
+        bleu = val_bleu(path)
+        scored.append((bleu, name, path))
+        print(f"| {name} | {bleu:.2f} | {time.perf_counter() - t0:.0f} |", flush=True)
+    best_bleu, best_name, best_path = max(scored, key=lambda s: s[0])  # the first (simplest) wins ties
+
+    print(f"\nDecoding grid on validation for {best_name}:\n")
+    print("| beam | " + " | ".join(f"alpha {a}" for a in args.alphas) + " |")
+    print("|---|" + "---|" * len(args.alphas))
+    grid = {}
+    for beam in args.beams:
+        row = []
+        for alpha in args.alphas:
+            own = (beam, alpha) == (beam0, alpha0)
+            bleu = best_bleu if own else val_bleu(best_path, beam=beam, length_penalty=alpha)
+            grid[beam, alpha] = bleu
+            row.append(f"{bleu:.2f}")
+        print(f"| {beam} | " + " | ".join(row) + " |", flush=True)
+    beam, alpha = max(grid, key=lambda k: (grid[k], k == (beam0, alpha0)))  # ties: the run's own settings
+
+    print(f"\nChosen: {best_name}, beam {beam}, alpha {alpha}; scoring validation and test sets once:\n")
+    result = evaluate_run(args.run, model=best_path, beam=beam, length_penalty=alpha)
+    print("| set | BLEU lowercased Moses-tokenised | sacreBLEU cased | chrF |\n|---|---|---|---|")
+    for name, s in result["sets"].items():
+        print(f"| {name} | {s['bleu_lc_tok']:.2f} | {s['bleu']:.2f} | {s['chrf']:.2f} |")
+    first = next(iter(result["sets"].values()))
+    print(f"\n{first['bleu_lc_tok_signature']}\n{first['bleu_signature']}\nwritten: {args.run / 'eval'}")
+
+
+if __name__ == "__main__":
+    main()
