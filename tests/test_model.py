@@ -167,6 +167,13 @@ def test_grouped_cache_keeps_one_cross_row_per_sentence_and_equals_the_repeated_
         logits, _ = model.decode(tgt6[whole, 3:4], memory, kept)
         assert torch.allclose(logits, model(src[rows[whole]], tgt6[whole, :4])[:, 3:4], atol=1e-5)
 
+        twice = grouped.reorder_beams(within).select(whole)  # re-indexings compose until the next step
+        assert torch.equal(twice.order, within[whole])
+        assert torch.equal(twice.rows()[0][0], grouped.self_kv[0][0][within[whole]])
+        logits, after = model.decode(moved[whole, 3:4], memory, twice)
+        assert after.order is None and after.self_kv[0][0].shape[0] == 4
+        assert torch.allclose(logits, model(src[rows[whole]], moved[whole, :4])[:, 3:4], atol=1e-5)
+
         broken = torch.tensor([5, 0, 3])  # not whole groups: every row gets its own cross-attention row
         mixed = grouped.reorder(broken)
         assert mixed.group == 1 and mixed.cross_kv[0][0].shape[0] == 3

@@ -44,18 +44,24 @@ class DecoderCache:
     the cross-attention keys/values of sentence ``r // group``, which are stored once per sentence, not once per row,
     and the decoder attends with the queries of a whole group at once.
 
+    Re-indexing rows does not copy the self-attention keys/values: it records the new ``order`` of their rows, and
+    the next :meth:`Transformer.decode` gathers them in that order while appending the new position, one copy of the
+    cache per step instead of two (``index_select`` then ``torch.cat``).
+
     Attributes:
-        self_kv: per decoder layer, the self-attention (k, v) of every position decoded so far, each (B, h, t, d_k).
+        self_kv: per decoder layer, the self-attention (k, v) of every position decoded so far, each (B', h, t, d_k).
         cross_kv: per decoder layer, the cross-attention (k, v) of the encoder output, each (B / group, h, S, d_k);
             computed once per source sentence.
         memory_mask: (B / group, 1, 1, S) bool source mask, or None.
         group: consecutive rows that share one row of ``cross_kv`` and ``memory_mask``.
+        order: (B,) long: row ``r`` of the batch is row ``order[r]`` of ``self_kv``; None: the identity (B' = B).
     """
 
     self_kv: tuple[KV, ...]
     cross_kv: tuple[KV, ...]
     memory_mask: Tensor | None
     group: int = 1
+    order: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -66,13 +72,24 @@ class DecoderCache:
     def batch_size(self) -> int:
         return self.cross_kv[0][0].shape[0] * self.group
 
-    def _with_sentences(self, self_kv: tuple[KV, ...], index: Tensor | None, group: int) -> DecoderCache:
-        """A cache with the given self-attention K/V whose cross-attention rows are ``index`` (None: unchanged)."""
-        if index is None:
-            return DecoderCache(self_kv, self.cross_kv, self.memory_mask, group)
-        cross_kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv)
-        mask = None if self.memory_mask is None else self.memory_mask.index_select(0, index)
-        return DecoderCache(self_kv, cross_kv, mask, group)
+    def rows(self) -> tuple[KV, ...]:
+        """``self_kv`` in the batch's row order (a copy when rows were re-indexed since the last decoding step)."""
+        if self.order is None:
+            return self.self_kv
+        return tuple((k.index_select(0, self.order), v.index_select(0, self.order)) for k, v in self.self_kv)
+
+    def _take(self, index: Tensor) -> Tensor:
+        """The ``order`` after taking the batch rows ``index``."""
+        return index if self.order is None else self.order.index_select(0, index)
+
+    def _with(self, order: Tensor, sentences: Tensor | None, group: int) -> DecoderCache:
+        """This cache with the self-attention row ``order`` and the cross-attention rows ``sentences`` (None:
+        unchanged)."""
+        if sentences is None:
+            return DecoderCache(self.self_kv, self.cross_kv, self.memory_mask, group, order)
+        cross_kv = tuple((k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross_kv)
+        mask = None if self.memory_mask is None else self.memory_mask.index_select(0, sentences)
+        return DecoderCache(self.self_kv, cross_kv, mask, group, order)
 
     def reorder(self, index: Tensor) -> DecoderCache:
         """Cache for the rows ``index`` (1-D long, rows may repeat, in any order).
@@ -80,30 +97,29 @@ class DecoderCache:
         When ``index`` takes whole groups (``group`` consecutive rows of one sentence, in order, as when a search
         drops finished sentences) the result keeps one cross-attention row per sentence; otherwise every row gets its
         own (``group`` becomes 1)."""
-        self_kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.self_kv)
-        g = self.group
+        order, g = self._take(index), self.group
         if g == 1:
-            return self._with_sentences(self_kv, index, 1)
+            return self._with(order, index, 1)
         if index.numel() % g == 0:
             sentences = index[::g].div(g, rounding_mode="floor")
             whole = sentences[:, None] * g + torch.arange(g, device=index.device)
             if torch.equal(whole.view(-1), index):
-                return self._with_sentences(self_kv, sentences, g)
-        return self._with_sentences(self_kv, index.div(g, rounding_mode="floor"), 1)
+                return self._with(order, sentences, g)
+        return self._with(order, index.div(g, rounding_mode="floor"), 1)
 
     def reorder_beams(self, index: Tensor) -> DecoderCache:
-        """:meth:`reorder` for an ``index`` that only moves rows between the beams of one sentence: only the
-        self-attention keys/values move, since the cross-attention ones (and the source mask) are the same for all
-        of a sentence's beams (copying them every step was ~30% of beam-search time). Rows must stay in their
-        sentence's group; nothing checks it."""
-        self_kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.self_kv)
-        return self._with_sentences(self_kv, None, self.group)
+        """:meth:`reorder` for an ``index`` that only moves rows between the beams of one sentence: the
+        cross-attention keys/values (and the source mask) stay, since they are the same for all of a sentence's
+        beams (copying them every step was ~30% of beam-search time). Rows must stay in their sentence's group;
+        nothing checks it."""
+        return self._with(self._take(index), None, self.group)
 
     def repeat(self, copies: int) -> DecoderCache:
         """Each row ``copies`` times in a row (the beams of a sentence after the first step of beam search); the
         cross-attention keys/values are not copied: the groups grow instead."""
-        self_kv = tuple((k.repeat_interleave(copies, 0), v.repeat_interleave(copies, 0)) for k, v in self.self_kv)
-        return self._with_sentences(self_kv, None, self.group * copies)
+        rows = self.batch_size
+        index = torch.arange(rows, device=self.cross_kv[0][0].device).repeat_interleave(copies)
+        return self._with(self._take(index), None, self.group * copies)
 
     def select(self, index: Tensor) -> DecoderCache:
         """Cache restricted to the rows ``index`` (1-D long): drops finished sentences from the batch. The same

@@ -112,6 +112,20 @@ class LearnedPositions(nn.Module):
 # attention and feed-forward
 
 
+def _extend(past: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
+    """``torch.cat([past[order], new], dim=2)`` with a single copy of ``past``: the rows are gathered straight into
+    the output (beam search re-indexes its cache every step)."""
+    if order is None:
+        return torch.cat([past, new], dim=2)
+    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):  # out= does not record gradients
+        return torch.cat([past.index_select(0, order), new], dim=2)
+    t = past.shape[2]
+    out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
+    torch.index_select(past, 0, order, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention, ``softmax(Q K^T / sqrt(d_k)) V`` over h heads (§3.2).
 
@@ -156,6 +170,7 @@ class MultiHeadAttention(nn.Module):
         *,
         causal: bool = False,
         past: KV | None = None,
+        past_order: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, KV, Tensor | None]:
         """Self-attention of ``x`` (B, T, d_model) over itself and the cached ``past`` keys/values.
@@ -165,14 +180,15 @@ class MultiHeadAttention(nn.Module):
             causal: when True and ``mask`` is None, each position attends only to itself and earlier positions,
                 cached ones included.
             past: cached (k, v) of earlier positions, prepended to this step's.
+            past_order: (B,) long, the rows of ``past`` to use, in the batch's order (see
+                :class:`~transduce.model.DecoderCache`); None: all, as they are.
         Returns:
             output (B, T, d_model), the (k, v) of all positions for the cache, attention weights (B, h, T, T_all)
             when ``need_weights`` else None.
         """
         q, k, v = (self._split(t) for t in self.qkv(x).chunk(3, dim=-1))
         if past is not None and past[0].shape[2] > 0:
-            k = torch.cat([past[0], k], dim=2)
-            v = torch.cat([past[1], v], dim=2)
+            k, v = _extend(past[0], k, past_order), _extend(past[1], v, past_order)
         is_causal = False
         if causal and mask is None:
             if k.shape[2] == q.shape[2]:
@@ -307,6 +323,7 @@ class DecoderLayer(nn.Module):
         memory_mask: Tensor | None,
         *,
         past: KV | None,
+        past_order: Tensor | None = None,
         need_weights: bool = False,
         group: int = 1,
     ) -> tuple[Tensor, KV, tuple[Tensor | None, Tensor | None]]:
@@ -318,7 +335,7 @@ class DecoderLayer(nn.Module):
             weights when ``need_weights``.
         """
         a, kv, self_w = self.self_attn.self_attend(
-            self.res.inp(x, self.norm1), None, causal=True, past=past, need_weights=need_weights
+            self.res.inp(x, self.norm1), None, causal=True, past=past, past_order=past_order, need_weights=need_weights
         )
         x = self.res.add(x, a, self.norm1)
         c, cross_w = self.cross_attn.cross_attend(

@@ -132,8 +132,9 @@ class Transformer(nn.Module):
         if cache is None:
             cache = self.init_cache(memory)
         x, new_kv, _ = self._decode_layers(
-            tgt, cache.cross_kv, cache.memory_mask, cache.self_kv, need_weights=False, group=cache.group
-        )
+            tgt, cache.cross_kv, cache.memory_mask, cache.self_kv, need_weights=False, group=cache.group,
+            order=cache.order,
+        )  # fmt: skip
         return self.output(x), DecoderCache(tuple(new_kv), cache.cross_kv, cache.memory_mask, cache.group)
 
     def _decode_layers(
@@ -145,6 +146,7 @@ class Transformer(nn.Module):
         need_weights: bool,
         memory: Memory | None = None,
         group: int = 1,
+        order: Tensor | None = None,
     ) -> tuple[Tensor, list[KV], tuple[list, list]]:
         offset = past[0][0].shape[2] if past else 0
         x = self._embed(tgt, self.tgt_embed, self.tgt_positions, offset)
@@ -152,8 +154,9 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             kv = cross_kv[i] if cross_kv is not None else layer.cross_attn.memory_kv(memory.states)
             x, layer_kv, (self_w, cross_w) = layer(
-                x, kv, memory_mask, past=past[i] if past else None, need_weights=need_weights, group=group
-            )
+                x, kv, memory_mask, past=past[i] if past else None, past_order=order, need_weights=need_weights,
+                group=group,
+            )  # fmt: skip
             new_kv.append(layer_kv)
             self_ws.append(self_w)
             cross_ws.append(cross_w)
