@@ -27,6 +27,7 @@ from transduce.search import (
     rescore,
     sample,
 )
+from transduce.search.common import next_token_log_probs
 from transduce.special import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -174,6 +175,21 @@ def test_oracle_greedy_and_sampling():
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the step policy and helpers on their own
+
+
+def test_next_token_log_probs_equal_log_softmax_of_the_last_position():
+    g = torch.Generator().manual_seed(0)
+    one_step = torch.randn(3, 1, 50, generator=g) * 4  # float32, contiguous: computed in place
+    expected = torch.log_softmax(one_step[:, -1], dim=-1)
+    out = next_token_log_probs(one_step)
+    assert torch.allclose(out, expected, atol=1e-6) and out.data_ptr() == one_step.data_ptr()
+    several = torch.randn(3, 4, 50, generator=g)  # the last position of several: a copy, input untouched
+    before = several.clone()
+    assert torch.allclose(next_token_log_probs(several), torch.log_softmax(several[:, -1], dim=-1), atol=1e-6)
+    assert torch.equal(several, before)
+    low = several.bfloat16()  # other dtypes: float32 output, input untouched
+    out = next_token_log_probs(low)
+    assert out.dtype == torch.float32 and torch.equal(low, before.bfloat16())
 
 
 def test_beam_step_takes_top_2k_across_beams():

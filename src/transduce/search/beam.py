@@ -28,6 +28,7 @@ from transduce.search.common import (
     constrain,
     final_score,
     max_lengths,
+    next_token_log_probs,
 )
 from transduce.search.common import length_penalty as gnmt_penalty
 
@@ -44,9 +45,14 @@ def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Ten
         each candidate, its last token and the beam it extends. Candidates with score -inf are not valid (when
         ``size`` exceeds beam * V, the last ones are such padding, with token 0 and beam 0).
     """
-    n, beam, vocab = log_probs.shape
-    total = (scores[:, :, None] + log_probs).view(n, beam * vocab)
-    top_scores, flat = total.topk(min(size, beam * vocab), dim=1)
+    return top_candidates(scores[:, :, None] + log_probs, size)
+
+
+def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`beam_step` on ``total`` (N, beam, V), the cumulative scores ``scores[:, :, None] + log_probs``
+    already summed (beam search sums them in place, sparing an (N, beam, V) allocation per step)."""
+    n, beam, vocab = total.shape
+    top_scores, flat = total.view(n, beam * vocab).topk(min(size, beam * vocab), dim=1)
     tokens, beams = flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
     if size > beam * vocab:  # fewer candidates than asked for: pad with invalid ones
         pad = size - beam * vocab
@@ -149,13 +155,14 @@ def beam_search(
             logits, cache = model.decode(tokens_in, memory, cache)
         else:
             logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
-        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (rows, V)
+        log_probs = next_token_log_probs(logits)  # (rows, V)
         constrain(
             log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
             no_repeat_ngram=no_repeat_ngram,
         )  # fmt: skip
         m = alive.shape[0]
-        cand_scores, cand_tokens, cand_beams = beam_step(log_probs.view(m, width, -1), scores, 2 * beam)
+        total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
+        cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
         cand_eos = cand_tokens.eq(cfg.eos_id)
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses

@@ -200,6 +200,19 @@ def rescore(model: SearchModel, src: Tensor, hypotheses: Sequence[Sequence[int]]
     return [float(x) for x in lp.sum(dim=1).double()]
 
 
+def next_token_log_probs(logits: Tensor) -> Tensor:
+    """Log-probabilities of the next token from decoder logits (R, T, V): the last position's, in float32, (R, V).
+
+    Computed in place in the logits' memory when they are float32 already: every search step would otherwise
+    allocate another (R, V) tensor, and with glibc's malloc each such multi-megabyte allocation comes back from the
+    kernel as fresh zeroed pages (it cost as much as the output projection itself in the beam search profile).
+    """
+    last = logits[:, -1]
+    if last.dtype != torch.float32 or not last.is_contiguous():
+        return torch.log_softmax(last.float(), dim=-1)
+    return torch.log_softmax(last, dim=-1, out=last)  # row-wise: each row is read whole before it is written
+
+
 def check_length_penalty(alpha: float) -> None:
     if not (alpha >= 0 and math.isfinite(alpha)):
         raise ValueError(f"length_penalty must be a finite number >= 0, got {alpha!r}")

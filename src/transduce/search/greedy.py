@@ -17,6 +17,7 @@ from transduce.search.common import (
     constrain,
     final_score,
     max_lengths,
+    next_token_log_probs,
 )
 
 Picker = Callable[[Tensor], Tensor]  # (R, V) masked log-probabilities -> (R,) chosen ids
@@ -55,7 +56,7 @@ def _decode_rows(
     step = 0
     while True:
         logits, cache = model.decode(tokens_in, memory, cache)
-        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)
+        log_probs = next_token_log_probs(logits)
         constrain(
             log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
             no_repeat_ngram=no_repeat_ngram,
