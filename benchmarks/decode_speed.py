@@ -22,21 +22,9 @@ import torch
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.model import Transformer
 from transduce.search import generate
-from transduce.special import BOS_ID, EOS_ID, PAD_ID
+from transduce.special import EOS_ID, PAD_ID
 
 OUT_LEN = 25  # output positions per hypothesis, EOS included on our side
-
-
-def to_marian(model: Transformer):
-    """A ``MarianMTModel`` with ``model``'s weights, through :mod:`transduce.interop.marian` (the residual-stream
-    dimensions permuted so that Marian's own ``[sin | cos]`` position table gives our function)."""
-    from transformers import MarianMTModel
-
-    from transduce.interop.marian import copy_to_marian, marian_config
-
-    hf = MarianMTModel(marian_config(model.config)).eval()
-    copy_to_marian(model, hf)
-    return hf
 
 
 def make_batches(n: int, batch: int, vocab: int, seed: int) -> list[torch.Tensor]:
@@ -50,16 +38,6 @@ def make_batches(n: int, batch: int, vocab: int, seed: int) -> list[torch.Tensor
         width = max(map(len, chunk))
         out.append(torch.tensor([s + [PAD_ID] * (width - len(s)) for s in chunk]))
     return out
-
-
-def check_parity(model: Transformer, hf, batches: list[torch.Tensor]) -> float:
-    src = batches[0]
-    tgt_in = torch.cat([torch.full((src.shape[0], 1), BOS_ID), src[:, :-1].clamp(min=4)], dim=1)
-    with torch.no_grad():
-        ours = model(src, tgt_in)
-        theirs = hf(input_ids=src, attention_mask=src.ne(PAD_ID).long(), decoder_input_ids=tgt_in).logits
-    real = src.ne(PAD_ID)[:, :, None]  # compare at every decoder position of sentences' real length
-    return float(((ours - theirs).abs() * real).max())
 
 
 def time_ours(model: Transformer, batches: list[torch.Tensor], beam: int) -> tuple[float, list]:
@@ -97,8 +75,10 @@ def main() -> None:
     if not args.no_hf:
         import transformers
 
-        hf = to_marian(model)
-        diff = check_parity(model, hf, batches)
+        from transduce.interop.marian import marian_model, parity_error
+
+        hf = marian_model(model)  # the residual stream permuted so that Marian's [sin | cos] table gives our function
+        diff = parity_error(model, hf)
         print(f"logits max |ours - Marian| = {diff:.2e} (transformers {transformers.__version__})")
         assert diff < 1e-4, "Marian copy does not reproduce our logits"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")

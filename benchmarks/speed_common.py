@@ -231,18 +231,6 @@ def copy_to_torch(model: Transformer, ref: TorchTransformer) -> None:
     assert n_ref == model.num_parameters(), f"parameter counts differ: {n_ref} vs {model.num_parameters()}"
 
 
-def build_marian(model: Transformer):
-    """A ``MarianMTModel`` with ``model``'s weights (:func:`transduce.interop.marian.copy_to_marian`), in train mode
-    with the same dropouts as ``model`` (``marian_config`` passes them on)."""
-    from transformers import MarianMTModel
-
-    from transduce.interop.marian import copy_to_marian, marian_config
-
-    hf = MarianMTModel(marian_config(model.config))
-    copy_to_marian(model, hf)
-    return hf
-
-
 class MarianLogits(nn.Module):
     """``forward(src, tgt_in) -> logits`` for a MarianMTModel, so all contenders are called the same way."""
 

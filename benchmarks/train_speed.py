@@ -70,7 +70,6 @@ from speed_common import (
     Peaks,
     TorchTransformer,
     autocast,
-    build_marian,
     copy_to_torch,
     cpu_has_native_bf16,
     describe_batches,
@@ -283,7 +282,9 @@ def main() -> None:
         if "marian" in wanted:
             import transformers
 
-            hf = MarianLogits(build_marian(ours), c.pad_id)
+            from transduce.interop.marian import marian_model
+
+            hf = MarianLogits(marian_model(ours), c.pad_id)  # the same dropouts (marian_config passes them on)
             diff = max_logit_diff(ours, hf, batches[0])
             attn = hf.hf.config._attn_implementation
             print(f"{name}: logits max |ours - MarianMTModel| = {diff:.2e} (transformers {transformers.__version__}, "

@@ -453,6 +453,14 @@ def marian_logits(hf, src: Tensor, tgt_in: Tensor, pad_id: int) -> Tensor:
         return hf(input_ids=src, attention_mask=src.ne(pad_id).long(), decoder_input_ids=tgt_in).logits
 
 
+def marian_model(model: Transformer):
+    """A ``transformers.MarianMTModel`` (in eval mode) that computes ``model``'s function: built from
+    :func:`marian_config`, weights copied by :func:`copy_to_marian`."""
+    hf = require("transformers").MarianMTModel(marian_config(model.config)).eval()
+    copy_to_marian(model, hf)
+    return hf
+
+
 def parity_error(model: Transformer, hf) -> float:
     """Largest |our logit - Marian's logit| over a probe batch, at the decoder positions of real tokens."""
     c = model.config
@@ -480,8 +488,7 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
     if problems:
         raise InteropError(f"{source}: cannot export to Hugging Face Marian: {'; '.join(problems)}")
     out = prepare_output(out_dir, overwrite=overwrite)
-    hf = transformers.MarianMTModel(marian_config(model.config)).eval()
-    copy_to_marian(model, hf)
+    hf = marian_model(model)
     c, d = model.config, config.decode
     bad = [[c.pad_id]] + ([[c.bos_id]] if c.bos_id != c.pad_id else [])  # our search never emits pad or bos
     hf.generation_config = transformers.GenerationConfig(
