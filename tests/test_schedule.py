@@ -1,11 +1,12 @@
 """The learning-rate schedule against the paper's formula, and the optimizer's hyper-parameters."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from transduce.config import TrainConfig
+from transduce.config import ConfigError, TrainConfig
 from transduce.optim import build_optimizer, learning_rate
 
 
@@ -29,6 +30,25 @@ def test_inverse_sqrt_peak_form():
     assert learning_rate(1000, cfg, 128) == pytest.approx(2.5e-3)
     assert learning_rate(8000, cfg, 128) == pytest.approx(5e-3 * math.sqrt(2000 / 8000))
     assert learning_rate(5, TrainConfig(schedule="constant", peak_lr=1e-4), 128) == 1e-4
+
+
+def test_cosine_warms_up_then_decays_to_min_lr_at_max_steps():
+    cfg = TrainConfig(schedule="cosine", peak_lr=4e-3, min_lr=1e-4, warmup_steps=100, max_steps=1100)
+    assert learning_rate(50, cfg, 128) == pytest.approx(2e-3)
+    assert learning_rate(100, cfg, 128) == pytest.approx(4e-3)
+    assert learning_rate(600, cfg, 128) == pytest.approx(1e-4 + 3.9e-3 / 2)  # halfway: cos(pi/2) = 0
+    assert learning_rate(350, cfg, 128) == pytest.approx(1e-4 + 3.9e-3 * (1 + math.sqrt(0.5)) / 2)
+    assert learning_rate(1100, cfg, 128) == pytest.approx(1e-4)
+    assert learning_rate(5000, cfg, 128) == pytest.approx(1e-4)  # past max_steps (a resumed, extended run)
+    lrs = [learning_rate(s, cfg, 128) for s in range(100, 1101)]
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
+
+
+def test_cosine_needs_room_to_decay():
+    with pytest.raises(ConfigError, match=r"max_steps: the cosine .* must exceed warmup_steps \(4000\), got 4000"):
+        TrainConfig(schedule="cosine", max_steps=4000)
+    with pytest.raises(ConfigError, match=r"min_lr: must not exceed peak_lr \(0.0005\), got 0.001"):
+        TrainConfig(schedule="cosine", min_lr=1e-3)
 
 
 def test_optimizer_is_the_papers_adam_and_adamw_spares_biases():

@@ -288,9 +288,12 @@ class TrainConfig(_Section):
     max_steps: int = 100_000  # stop after this many updates (the paper's base: 100k)
     max_epochs: int = 0  # stop after this many epochs; 0: no limit
     max_minutes: float = 0.0  # stop (with a checkpoint) after this much wall time; 0: no limit
-    schedule: str = "noam"  # noam: the paper's formula; inverse_sqrt: linear warmup to peak_lr then ~1/sqrt(step)
+    # noam: the paper's formula; inverse_sqrt: linear warmup to peak_lr then ~1/sqrt(step); cosine: linear warmup to
+    # peak_lr then half a cosine down to min_lr at max_steps (for a fixed budget of updates); constant: peak_lr
+    schedule: str = "noam"
     lr_scale: float = 1.0  # multiplier on the noam learning rate
-    peak_lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
+    peak_lr: float = 5e-4  # peak learning rate of the inverse_sqrt, cosine and constant schedules
+    min_lr: float = 0.0  # the cosine schedule's learning rate at max_steps
     warmup_steps: int = 4000  # warmup_steps (paper: 4000)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -320,6 +323,7 @@ class TrainConfig(_Section):
             "max_steps",
             "max_epochs",
             "max_minutes",
+            "min_lr",
             "weight_decay",
             "clip_norm",
             "threads",
@@ -333,7 +337,13 @@ class TrainConfig(_Section):
             _check_positive(name, getattr(self, name), allow_zero=True)
         _check_positive("max_nonfinite", self.max_nonfinite)
         _check_positive("valid_beam", self.valid_beam)
-        _check_choice("schedule", self.schedule, ("noam", "inverse_sqrt", "constant"))
+        _check_choice("schedule", self.schedule, ("noam", "inverse_sqrt", "cosine", "constant"))
+        if self.schedule == "cosine":
+            if self.max_steps <= self.warmup_steps:
+                raise ConfigError(f"max_steps: the cosine schedule decays from warmup_steps to max_steps, so max_steps "
+                                  f"must exceed warmup_steps ({self.warmup_steps}), got {self.max_steps}")  # fmt: skip
+            if self.min_lr > self.peak_lr:
+                raise ConfigError(f"min_lr: must not exceed peak_lr ({self.peak_lr}), got {self.min_lr}")
         _check_choice("precision", self.precision, ("fp32", "bf16"))
         _check_choice("device", self.device, ("auto", "cpu", "cuda"))
         _check_choice("best_metric", self.best_metric, ("bleu", "loss"))

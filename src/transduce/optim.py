@@ -5,7 +5,11 @@ Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 (AdamW when ``weight_decay`` > 0) and
     lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)              (schedule: noam)
 
 times ``lr_scale``. ``inverse_sqrt`` is the same curve parametrised by its peak (fairseq's form):
-``peak_lr · min(step / warmup, sqrt(warmup / step))``; ``constant`` is ``peak_lr`` throughout. The schedule is a
+``peak_lr · min(step / warmup, sqrt(warmup / step))``; ``cosine`` warms up the same way and then follows half a
+cosine from ``peak_lr`` down to ``min_lr`` at ``max_steps``,
+``min_lr + (peak_lr - min_lr) · (1 + cos(π · (step - warmup) / (max_steps - warmup))) / 2``, the schedule for a
+fixed budget of updates (it ends with small steps, where inverse_sqrt still takes large ones); ``constant`` is
+``peak_lr`` throughout. The schedule is a
 pure function of the step, so its whole state is the step number stored in every checkpoint.
 """
 
@@ -23,7 +27,7 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
 
     Args:
         step: the update about to be applied, >= 1.
-        cfg: schedule, lr_scale, peak_lr and warmup_steps.
+        cfg: schedule, lr_scale, peak_lr, min_lr, warmup_steps and max_steps.
         d_model: the model width (the noam schedule scales with d_model^-0.5).
     """
     step = max(step, 1)
@@ -32,6 +36,11 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
         return cfg.lr_scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     if cfg.schedule == "inverse_sqrt":
         return cfg.peak_lr * min(step / warmup, math.sqrt(warmup / step))
+    if cfg.schedule == "cosine":
+        if step <= warmup:
+            return cfg.peak_lr * step / warmup
+        progress = min(1.0, (step - warmup) / (cfg.max_steps - warmup))
+        return cfg.min_lr + (cfg.peak_lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress)) / 2.0
     return cfg.peak_lr  # constant
 
 
