@@ -11,6 +11,7 @@ from torch import nn
 
 from transduce import ModelConfig, Transformer
 from transduce.model import causal_mask, padding_mask, sinusoid
+from transduce.model import transformer as transformer_module
 from transduce.special import BOS_ID, PAD_ID
 
 V = 40
@@ -371,3 +372,34 @@ def test_seeded_initialisation_is_reproducible_across_processes():
     digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
                for _ in range(3)}  # fmt: skip
     assert len(digests) == 1
+
+
+@pytest.mark.skipif(not transformer_module.ONEDNN_OUTPUT, reason="this torch build has no oneDNN linear")
+def test_output_projection_through_onednn_equals_linear_and_follows_weight_changes():
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 50)
+    x = torch.randn(3, 5, 16)
+    with torch.inference_mode():
+        out = transformer_module.project(lin, x)
+        assert id(lin.weight) in transformer_module._PACKED  # the packed path was taken
+        torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(transformer_module.project(lin, x[:, 0]), F.linear(x[:, 0], lin.weight, lin.bias))
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)  # an in-place update (as the optimizer makes) must not leave a stale packed copy
+        torch.testing.assert_close(transformer_module.project(lin, x), F.linear(x, lin.weight, lin.bias))
+    y = transformer_module.project(lin, x)  # with autograd: the plain linear, so that gradients flow
+    y.sum().backward()
+    assert lin.weight.grad is not None
+    wid = id(lin.weight)
+    del lin, y
+    assert wid not in transformer_module._PACKED  # the packed copy goes with its weight
+
+
+def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch):
+    model = make(norm="pre")
+    src, tgt = batch()
+    with torch.inference_mode():
+        fast, _ = model.decode(tgt, model.encode(src))
+        monkeypatch.setattr(transformer_module, "ONEDNN_OUTPUT", False)
+        plain, _ = model.decode(tgt, model.encode(src))
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
