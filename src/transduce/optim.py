@@ -8,9 +8,9 @@ times ``lr_scale``. ``inverse_sqrt`` is the same curve parametrised by its peak 
 ``peak_lr · min(step / warmup, sqrt(warmup / step))``; ``cosine`` warms up the same way and then follows half a
 cosine from ``peak_lr`` down to ``min_lr`` at ``max_steps``,
 ``min_lr + (peak_lr - min_lr) · (1 + cos(π · (step - warmup) / (max_steps - warmup))) / 2``, the schedule for a
-fixed budget of updates (it ends with small steps, where inverse_sqrt still takes large ones); ``constant`` is
-``peak_lr`` throughout. The schedule is a
-pure function of the step, so its whole state is the step number stored in every checkpoint.
+fixed budget of updates (it ends with small steps, where inverse_sqrt still takes large ones; raising
+``max_steps`` when resuming stretches the rest of the curve); ``constant`` is ``peak_lr`` throughout. The schedule
+is a pure function of the step, so its whole state is the step number stored in every checkpoint.
 """
 
 from __future__ import annotations
