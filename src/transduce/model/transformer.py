@@ -35,13 +35,11 @@ _PACKED: dict[int, tuple] = {}
 
 
 def _packed_weight(weight: Tensor) -> Tensor:
-    key = (weight.data_ptr(), weight._version)
-    entry = _PACKED.get(id(weight))
+    wid, key = id(weight), (weight.data_ptr(), weight._version)
+    entry = _PACKED.get(wid)
     if entry is None or entry[0]() is not weight or entry[1] != key:
-        wid = id(weight)
         ref = weakref.ref(weight, lambda _, wid=wid: _PACKED.pop(wid, None))
-        entry = (ref, key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
-        _PACKED[wid] = entry
+        entry = _PACKED[wid] = (ref, key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
     return entry[2]
 
 
@@ -54,13 +52,11 @@ def project(linear: nn.Module, x: Tensor) -> Tensor:
     and 36 at 32 rows, oneDNN with the packed weight 117 and 120 (``benchmarks/decode_speed.py`` measures the
     effect on whole searches). The packed copy costs one more weight matrix of memory while it is in use.
     """
-    if not (ONEDNN_OUTPUT and type(linear) is nn.Linear and x.device.type == "cpu" and x.dtype == torch.float32):
-        return linear(x)
-    weight = linear.weight
-    if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
-        return linear(x)  # the oneDNN op has no backward
+    applies = ONEDNN_OUTPUT and type(linear) is nn.Linear and x.device.type == "cpu" and x.dtype == torch.float32
+    if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
+        return linear(x)  # (the oneDNN op has no backward)
     bias = linear.bias.detach() if linear.bias is not None else None
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _packed_weight(weight), bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _packed_weight(linear.weight), bias, "none", [], "")
 
 
 @dataclass(frozen=True)
