@@ -109,6 +109,69 @@ class LearnedPositions(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# dropout
+
+FAST_CPU_DROPOUT = True  # set False to use torch.nn.functional.dropout on the CPU too
+_KEEP_LEVELS = 1 << 16  # the CPU dropout draws 16 random bits per element
+
+
+def _keep_levels(p: float) -> int:
+    """How many of the 2^16 values of a 16-bit draw keep an element at drop probability ``p``."""
+    return round((1.0 - p) * _KEEP_LEVELS)
+
+
+def _scaled_keep_mask(x: Tensor, p: float) -> Tensor:
+    """``keep / P(keep)`` for each element of ``x``: 0 where it is dropped, ``2^16 / levels`` where it is kept."""
+    levels = _keep_levels(p)
+    n = x.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-(2**63), None)  # all 64 bits
+    draws = bits.view(torch.int16)[:n].view(x.shape)  # uniform over [-2^15, 2^15)
+    return draws.ge(2**15 - levels).to(x.dtype).mul_(_KEEP_LEVELS / levels)
+
+
+class _CPUDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        mask = _scaled_keep_mask(x, p)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout (§5.4): in training, zero each element with probability ``p`` and scale the rest by
+    ``1 / (1 - p)``; the identity otherwise.
+
+    On the CPU this draws its mask from 16 random bits per element (a quarter of one 64-bit draw of PyTorch's
+    generator, so seeds and saved RNG states reproduce it) instead of :func:`torch.nn.functional.dropout`, whose
+    CPU Bernoulli sampler makes one double-precision draw per element: with the 0.3 dropout of the ``tiny``
+    preset, that sampler took about 12% of a training step on this project's machine, and forward plus backward of
+    a (2100, 256) dropout took 2.6 ms here against 11-13 ms. The drop probability is therefore rounded to a multiple
+    of 2^-16 (0.3 becomes 0.300003), and the kept elements are scaled by the inverse of the rounded keep
+    probability, so the expectation is exactly preserved. Other devices, and ``p`` of 0 or 1, use
+    :func:`torch.nn.functional.dropout`.
+    """
+    if not training or p == 0.0:
+        return x
+    if not FAST_CPU_DROPOUT or x.device.type != "cpu" or _keep_levels(p) == 0:
+        return F.dropout(x, p, True)
+    return _CPUDropout.apply(x, p)
+
+
+class Dropout(nn.Dropout):
+    """:class:`torch.nn.Dropout` through :func:`dropout` (the faster CPU mask)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.inplace:
+            return super().forward(x)
+        return dropout(x, self.p, self.training)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # attention and feed-forward
 
 
@@ -249,7 +312,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
         self.act = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         for lin in (self.w1, self.w2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -269,7 +332,7 @@ class _Residual(nn.Module):
     def __init__(self, pre_norm: bool, dropout: float):
         super().__init__()
         self.pre_norm = pre_norm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def inp(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         return norm(x) if self.pre_norm else x

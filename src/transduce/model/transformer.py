@@ -14,6 +14,7 @@ from transduce.model.cache import DecoderCache, Memory
 from transduce.model.layers import (
     KV,
     DecoderLayer,
+    Dropout,
     EncoderLayer,
     LearnedPositions,
     SinusoidalPositions,
@@ -102,7 +103,7 @@ class Transformer(nn.Module):
             self.src_positions = LearnedPositions(cfg.d_model, cfg.max_positions)
             self.tgt_positions = LearnedPositions(cfg.d_model, cfg.max_positions)
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == "pre"  # pre-norm stacks end with a LayerNorm; post-norm layers already end normalised

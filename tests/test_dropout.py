@@ -1,0 +1,91 @@
+"""The CPU dropout (transduce.model.layers.dropout): distribution, scaling, gradient, seeding, fallbacks."""
+
+import torch
+import torch.nn.functional as F
+
+import transduce.model.layers as layers
+from transduce.model.layers import Dropout, dropout
+
+
+def test_drop_rate_scale_and_zeros_on_every_16_bit_lane():
+    """Each 64-bit draw feeds four consecutive elements: every one of the four lanes must drop at the rate p (a lane
+    fed by a biased part of the draw, such as a sign bit that is always 0, would drop all or nothing)."""
+    torch.manual_seed(0)
+    p, n = 0.3, 400_000
+    out = dropout(torch.ones(n), p, True)
+    levels = round((1 - p) * 65536)  # 45,875 of 65,536 draws keep an element
+    kept = out != 0
+    assert torch.equal(out[kept], torch.full_like(out[kept], 65536 / levels))  # 1 / P(keep), exactly
+    sigma = (p * (1 - p) / (n / 4)) ** 0.5
+    for lane in range(4):
+        rate = 1.0 - kept[lane::4].double().mean().item()
+        assert abs(rate - p) < 5 * sigma, (lane, rate)
+    assert abs(out.double().mean().item() - 1.0) < 0.01  # the expectation is preserved
+
+
+def test_half_rate_lanes_are_unbiased():
+    torch.manual_seed(1)
+    kept = dropout(torch.ones(200_000), 0.5, True) != 0
+    for lane in range(4):
+        assert abs(kept[lane::4].double().mean().item() - 0.5) < 0.01
+
+
+def test_gradient_is_the_same_mask():
+    torch.manual_seed(2)
+    x = torch.randn(64, 48, requires_grad=True)
+    out = dropout(x, 0.25, True)
+    upstream = torch.randn(64, 48)
+    out.backward(upstream)
+    kept = out.detach() != 0
+    mask = kept * torch.tensor(65536 / round(0.75 * 65536), dtype=torch.float32)
+    assert torch.equal(out.detach(), x.detach() * mask)
+    assert torch.equal(x.grad, upstream * mask)
+    torch.autograd.gradcheck(lambda t: (torch.manual_seed(3), dropout(t, 0.4, True))[1], torch.randn(5, 7).double()
+                             .requires_grad_())  # fmt: skip
+
+
+def test_seeded_and_fresh_masks():
+    x = torch.randn(1000)
+    torch.manual_seed(7)
+    a = dropout(x, 0.3, True)
+    b = dropout(x, 0.3, True)
+    torch.manual_seed(7)
+    assert torch.equal(dropout(x, 0.3, True), a)
+    assert not torch.equal(a, b)
+
+
+def test_identity_in_eval_and_at_zero_and_all_dropped_at_one():
+    x = torch.randn(10, 3)
+    assert dropout(x, 0.3, False) is x and dropout(x, 0.0, True) is x
+    assert torch.equal(dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+def test_odd_sizes_and_non_contiguous_input():
+    torch.manual_seed(4)
+    x = torch.randn(7, 5, 3).transpose(0, 2)  # 105 elements: not a multiple of four, and not contiguous
+    out = dropout(x, 0.5, True)
+    assert out.shape == x.shape
+    kept = out != 0
+    torch.testing.assert_close(out[kept], x[kept] * 2.0)
+
+
+def test_module_and_switch_back_to_torch(monkeypatch):
+    module = Dropout(0.3)
+    assert isinstance(module, torch.nn.Dropout) and module.p == 0.3
+    x = torch.randn(50, 20)
+    module.eval()
+    assert module(x) is x
+    module.train()
+    monkeypatch.setattr(layers, "FAST_CPU_DROPOUT", False)
+    torch.manual_seed(5)
+    expected = F.dropout(x, 0.3, True)
+    torch.manual_seed(5)
+    assert torch.equal(module(x), expected)
+
+
+def test_model_uses_it():
+    from transduce import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=20, tgt_vocab_size=20, activation_dropout=0.1))
+    kinds = {type(m) for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+    assert kinds == {Dropout}
