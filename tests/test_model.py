@@ -395,6 +395,29 @@ def test_output_projection_through_onednn_equals_linear_and_follows_weight_chang
     assert wid not in transformer_module._PACKED  # the packed copy goes with its weight
 
 
+@pytest.mark.skipif(not transformer_module.ONEDNN_OUTPUT, reason="this torch build has no oneDNN linear")
+def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_output_weight():
+    """Fused Adam writes the weights without moving their version counters: switching to eval mode (as every
+    validation does) must drop the packed copy anyway."""
+    model = make(norm="pre", tie_output=False)
+    src, tgt = batch()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
+    model.eval()
+    with torch.no_grad():
+        model(src, tgt)  # packs the output weight
+    assert id(model.output.weight) in transformer_module._PACKED
+    model.train()
+    model(src, tgt).square().mean().backward()
+    version = model.output.weight._version
+    opt.step()
+    assert model.output.weight._version == version  # the hazard: the update leaves no trace in the counter
+    model.eval()
+    with torch.no_grad():
+        logits = model(src, tgt)
+        x, _, _ = model._decode_layers(tgt, None, model.encode(src).mask, None, False, memory=model.encode(src))
+    torch.testing.assert_close(logits, F.linear(x, model.output.weight, model.output.bias), atol=1e-5, rtol=1e-5)
+
+
 def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch):
     model = make(norm="pre")
     src, tgt = batch()

@@ -60,3 +60,27 @@ def test_optimizer_is_the_papers_adam_and_adamw_spares_biases():
     assert type(opt) is torch.optim.AdamW
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decayed == {id(model[0].weight)}
+    assert opt.defaults["fused"] is True  # one kernel for all tensors on the CPU
+
+
+def test_fused_adam_matches_the_papers_update_by_hand():
+    """Two updates of the fused Adam against Adam written out (Kingma & Ba, with bias correction)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    cfg = TrainConfig()
+    opt = build_optimizer(model, cfg)
+    assert opt.defaults["fused"] is True
+    w = model.weight.detach().clone().double()
+    m = torch.zeros_like(w)
+    v = torch.zeros_like(w)
+    b1, b2, eps, lr = 0.9, 0.98, 1e-9, 1e-2
+    for t in (1, 2):
+        grad = torch.randn(2, 3)
+        model.weight.grad, model.bias.grad = grad.clone(), torch.zeros(2)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        m = b1 * m + (1 - b1) * grad.double()
+        v = b2 * v + (1 - b2) * grad.double() ** 2
+        w = w - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+        torch.testing.assert_close(model.weight.detach().double(), w, rtol=1e-6, atol=1e-7)

@@ -166,6 +166,9 @@ class Trainer:
         result.lr = learning_rate(self.step, self.cfg, self.config.model.d_model)
         set_learning_rate(self.optimizer, result.lr)
         self.optimizer.step()
+        # the fused optimizer writes the weights without bumping their version counters: bump them, so that what is
+        # keyed on them (the packed output weight of transduce.model.transformer.project) sees the new values
+        torch.autograd.graph.increment_version(self.params)
         self.optimizer.zero_grad(set_to_none=True)
         return result
 

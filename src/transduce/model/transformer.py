@@ -44,6 +44,11 @@ def _packed_weight(weight: Tensor) -> Tensor:
     return entry[2]
 
 
+def forget_packed(weight: Tensor) -> None:
+    """Drop the packed copy of ``weight``, if any: the next :func:`project` packs it anew."""
+    _PACKED.pop(id(weight), None)
+
+
 def project(linear: nn.Module, x: Tensor) -> Tensor:
     """``linear(x)``, through oneDNN with the weight kept in oneDNN's own layout when that applies: float32 inference
     on a CPU with an ``nn.Linear`` (not a quantised one), outside autograd.
@@ -52,6 +57,11 @@ def project(linear: nn.Module, x: Tensor) -> Tensor:
     (d_model x vocabulary)): on this project's 2-core AMD machine MKL's BLAS reached 72 GFLOP/s on it at 128 rows
     and 36 at 32 rows, oneDNN with the packed weight 117 and 120 (``benchmarks/decode_speed.py`` measures the
     effect on whole searches). The packed copy costs one more weight matrix of memory while it is in use.
+
+    The copy is rebuilt when the weight's version counter moves, which every in-place PyTorch operation does, but
+    not fused optimizers (``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter
+    alone): :class:`Transformer` therefore also drops it whenever it switches between training and evaluation
+    mode, and the trainer bumps the counters after each update.
     """
     applies = ONEDNN_OUTPUT and type(linear) is nn.Linear and x.device.type == "cpu" and x.dtype == torch.float32
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
@@ -225,6 +235,12 @@ class Transformer(nn.Module):
         memory, enc_w = self._encode(src, need_weights=True)
         x, _, (self_w, cross_w) = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=True, memory=memory)
         return project(self.output, x), AttentionWeights(enc_w, self_w, cross_w)
+
+    def train(self, mode: bool = True) -> Transformer:
+        """Switch training/evaluation mode (``eval()`` calls this too) and drop the packed output weight of
+        :func:`project`, which an optimizer may have changed without a trace (see there)."""
+        forget_packed(self.output.weight)
+        return super().train(mode)
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
