@@ -102,3 +102,13 @@ def test_non_finite_logits_at_padded_positions_change_nothing():
     b.backward()
     assert torch.equal(a, b) and torch.isfinite(b)
     assert torch.equal(x.grad, y.grad) and y.grad[0, 2].abs().sum() == 0
+
+
+def test_a_second_backward_through_the_same_loss_is_refused():
+    """The backward pass turns the saved log-probabilities into the gradient in place: running it twice must fail
+    loudly (autograd's version check), not return a gradient computed from overwritten values."""
+    logits = torch.randn(2, 3, 9, requires_grad=True)
+    loss = label_smoothed_nll(logits, torch.tensor([[4, 5, 6], [7, 8, PAD]]), 0.1, PAD)[0]
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
