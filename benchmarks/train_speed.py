@@ -42,8 +42,12 @@ CPUs without bf16 instructions (x86 without avx512_bf16 / AMX) bf16 products are
 bf16 is then measured but not worth using; the script says so.
 
 ``--models transduce,torch,marian,trainer`` adds a row for ``transduce.trainer.Trainer.train_step`` on a copy of our
-model: the update ``transduce train`` makes (Adam as ``transduce.optim.build_optimizer`` builds it, which is torch's
-default, the single-tensor loop on a CPU; the learning-rate schedule; the gradient-norm check of every update).
+model: the update ``transduce train`` makes (Adam as ``transduce.optim.build_optimizer`` builds it, the fused
+implementation; the learning-rate schedule; the gradient-norm check of every update).
+
+The contenders' dropout is each one's own (the same probabilities): transduce's CPU dropout
+(``transduce.model.layers.dropout``, a mask from 16 random bits per element) against PyTorch's ``F.dropout`` in
+both peers; ``--torch-dropout`` gives transduce ``F.dropout`` too, to separate that difference.
 
 ``--profile`` adds, per configuration and precision, a breakdown of our step (without dropout, forward only,
 forward + backward, the output projection + loss alone, Adam alone in its three implementations) and the
@@ -64,6 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+import transduce.model.layers as layers
 from speed_common import (
     TCMALLOC,
     MarianLogits,
@@ -241,6 +246,7 @@ def main() -> None:
     ap.add_argument("--models", default="transduce,torch,marian", help="contenders (+ trainer: see above)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--torch-dropout", action="store_true", help="transduce with F.dropout, as the peers")
     ap.add_argument("--profile", action="store_true", help="also show where the time of our step goes")
     ap.add_argument("--profile-rows", type=int, default=25)
     args = ap.parse_args()
@@ -250,6 +256,8 @@ def main() -> None:
     assert set(wanted) <= {"transduce", "torch", "marian", "trainer"} and "transduce" in wanted, args.models
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.torch_dropout:
+        layers.FAST_CPU_DROPOUT = False
 
     print(environment())
     peaks: Peaks = measure_peaks()
