@@ -1,5 +1,6 @@
 """The CPU dropout (transduce.model.layers.dropout): distribution, scaling, gradient, seeding, fallbacks."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +29,37 @@ def test_half_rate_lanes_are_unbiased():
     kept = dropout(torch.ones(200_000), 0.5, True) != 0
     for lane in range(4):
         assert abs(kept[lane::4].double().mean().item() - 0.5) < 0.01
+
+
+def test_exactly_levels_of_the_65536_draws_keep(monkeypatch):
+    """Every 16-bit value once: the threshold keeps exactly round((1 - p) * 2^16) of them (an off-by-one in the
+    comparison would keep one more or one fewer, far below what a sampled rate could show)."""
+    every_value = torch.arange(-(2**15), 2**15, dtype=torch.int16)
+    monkeypatch.setattr(layers, "_random_int16", lambda n, device: every_value[:n])
+    for p in (0.1, 0.3, 0.5, 0.9, 1e-6):
+        kept = int(dropout(torch.ones(2**16), p, True).ne(0).sum())
+        assert kept == round((1 - p) * 65536), p
+
+
+def test_low_precision_input_is_scaled_by_the_unrounded_factor():
+    """In bfloat16 the factor 1 / 0.9 = 1.11112 itself would round to 1.109375, 0.16% low on every kept element; the
+    product x * factor rounded once per element is unbiased on average."""
+    torch.manual_seed(6)
+    x = (1 + torch.rand(200_000)).to(torch.bfloat16).requires_grad_()
+    out = dropout(x, 0.1, True)
+    assert out.dtype == torch.bfloat16
+    kept = out.detach() != 0
+    scale = 65536 / round(0.9 * 65536)
+    ratio = out.detach()[kept].double().sum() / x.detach()[kept].double().sum()
+    assert abs(ratio.item() / scale - 1) < 2e-4
+    out.backward(torch.ones_like(out))
+    assert not x.grad[~kept].any() and x.grad[kept].unique().tolist() == [1.109375]  # bfloat16(scale)
+
+
+def test_probability_outside_zero_one_is_refused():
+    for p in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=f"dropout probability has to be between 0 and 1, but got {p}"):
+            dropout(torch.ones(3), p, True)
 
 
 def test_gradient_is_the_same_mask():

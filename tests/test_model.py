@@ -377,7 +377,7 @@ def test_seeded_initialisation_is_reproducible_across_processes():
 @pytest.mark.skipif(not transformer_module.ONEDNN_OUTPUT, reason="this torch build has no oneDNN linear")
 def test_output_projection_through_onednn_equals_linear_and_follows_weight_changes():
     torch.manual_seed(0)
-    lin = nn.Linear(16, 50)
+    lin = nn.Linear(16, 50).eval()
     x = torch.randn(3, 5, 16)
     with torch.inference_mode():
         out = transformer_module.project(lin, x)
@@ -397,8 +397,8 @@ def test_output_projection_through_onednn_equals_linear_and_follows_weight_chang
 
 @pytest.mark.skipif(not transformer_module.ONEDNN_OUTPUT, reason="this torch build has no oneDNN linear")
 def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_output_weight():
-    """Fused Adam writes the weights without moving their version counters: switching to eval mode (as every
-    validation does) must drop the packed copy anyway."""
+    """Fused Adam writes the weights without moving their version counters: packed copies exist only in eval
+    mode and go at every switch of mode (validation switches to eval mode), so the update cannot be missed."""
     model = make(norm="pre", tie_output=False)
     src, tgt = batch()
     opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
@@ -407,6 +407,9 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_output_weight():
         model(src, tgt)  # packs the output weight
     assert id(model.output.weight) in transformer_module._PACKED
     model.train()
+    with torch.no_grad():
+        model(src, tgt)  # in training mode nothing is packed, even outside autograd
+    assert id(model.output.weight) not in transformer_module._PACKED
     model(src, tgt).square().mean().backward()
     version = model.output.weight._version
     opt.step()

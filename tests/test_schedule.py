@@ -60,7 +60,7 @@ def test_optimizer_is_the_papers_adam_and_adamw_spares_biases():
     assert type(opt) is torch.optim.AdamW
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decayed == {id(model[0].weight)}
-    assert opt.defaults["fused"] is True  # one kernel for all tensors on the CPU
+    assert opt.defaults["fused"] is True  # one operator call for all tensors on the CPU
 
 
 def test_fused_adam_matches_the_papers_update_by_hand():

@@ -344,3 +344,15 @@ def test_plain_log_line_every_log_interval(data, tmp_path, monkeypatch):
         head = f"step {e['step']}/12 epoch {e['epoch']} loss {e['loss']:.4f} lr {e['lr']:.3e} "
         assert re.search(re.escape(head) + r"[\d,]+ tok/s ETA \d+:\d\d:\d\d$", line), line
     assert lines[-1].endswith("ETA 0:00:00")
+
+
+def test_resuming_a_checkpoint_of_an_unfused_adam_keeps_the_fused_one():
+    """Optimizer.load_state_dict takes the group options from the checkpoint: a run saved before the trainer used
+    fused Adam must not come back on the per-tensor loop."""
+    config = Config(model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30), train=TrainConfig())
+    trainer = Trainer(config, Transformer(config.model), torch.device("cpu"))
+    old = torch.optim.Adam(trainer.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9)  # torch's default: not fused
+    state = {**trainer.state_dict(), "optimizer": old.state_dict()}
+    assert state["optimizer"]["param_groups"][0]["fused"] is None
+    trainer.load_state_dict(state)
+    assert all(group["fused"] is True for group in trainer.optimizer.param_groups)

@@ -48,7 +48,8 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
     """Adam (the paper) or, with ``weight_decay`` > 0, AdamW with decay on matrices only (not biases, norms).
 
     The learning rate is set before every update by the trainer from :func:`learning_rate`. Where every parameter
-    is a floating-point tensor on the CPU or a CUDA device, the fused implementation updates them all in one kernel:
+    is a floating-point tensor on the CPU or a CUDA device, the fused implementation updates them all in one operator
+    call:
     the per-tensor loop that PyTorch otherwise uses on the CPU took 13.6 ms per update for the ``tiny`` model's 133
     tensors on one core here, the fused one 3.3 ms.
     """

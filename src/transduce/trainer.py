@@ -168,7 +168,8 @@ class Trainer:
         self.optimizer.step()
         # the fused optimizer writes the weights without bumping their version counters: bump them, so that what is
         # keyed on them (the packed output weight of transduce.model.transformer.project) sees the new values
-        torch.autograd.graph.increment_version(self.params)
+        for p in self.params:  # (one tensor per call: a list needs torch 2.5)
+            torch.autograd.graph.increment_version(p)
         self.optimizer.zero_grad(set_to_none=True)
         return result
 
@@ -185,7 +186,12 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Optimizer.load_state_dict takes each group's options from the checkpoint, "fused" and "foreach" included:
+        # keep this optimizer's implementation (a checkpoint from before fused Adam would turn it off)
+        impl = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, options in zip(self.optimizer.param_groups, impl, strict=True):
+            group.update(options)
         self.step = int(state["step"])
         self.nonfinite_in_row = int(state["nonfinite_in_row"])
         self.nonfinite_total = int(state["nonfinite_total"])

@@ -51,7 +51,7 @@ def forget_packed(weight: Tensor) -> None:
 
 def project(linear: nn.Module, x: Tensor) -> Tensor:
     """``linear(x)``, through oneDNN with the weight kept in oneDNN's own layout when that applies: float32 inference
-    on a CPU with an ``nn.Linear`` (not a quantised one), outside autograd.
+    on a CPU with an ``nn.Linear`` (not a quantised one) in eval mode, outside autograd.
 
     This is for the pre-softmax projection, the largest product of a decoding step ((rows x d_model) times
     (d_model x vocabulary)): on this project's 2-core AMD machine MKL's BLAS reached 72 GFLOP/s on it at 128 rows
@@ -60,10 +60,14 @@ def project(linear: nn.Module, x: Tensor) -> Tensor:
 
     The copy is rebuilt when the weight's version counter moves, which every in-place PyTorch operation does, but
     not fused optimizers (``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter
-    alone): :class:`Transformer` therefore also drops it whenever it switches between training and evaluation
-    mode, and the trainer bumps the counters after each update.
+    alone). So packed copies are made only in eval mode, :class:`Transformer` drops its own whenever it switches
+    between training and evaluation mode, and the trainer bumps the counters after each update. Code that changes
+    weights in eval mode without moving their counters must call :func:`forget_packed`.
     """
-    applies = ONEDNN_OUTPUT and type(linear) is nn.Linear and x.device.type == "cpu" and x.dtype == torch.float32
+    applies = (
+        ONEDNN_OUTPUT and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
+        and x.dtype == torch.float32
+    )  # fmt: skip
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
         return linear(x)  # (the oneDNN op has no backward)
     bias = linear.bias.detach() if linear.bias is not None else None
