@@ -12,8 +12,11 @@ and decoder it prints sentences/s and output tokens/s (median of ``--reps``), th
 float32, and with ``--ref`` the BLEU of the output (sacreBLEU on detokenised text, and lowercased Moses-tokenised
 BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``.
 
-Length penalties differ by design: transduce uses GNMT's ((5 + |Y|) / 6) ** 0.6, Hugging Face and CTranslate2
-divide by |Y| ** 1 (their default). Speed does not depend on it; BLEU is reported per decoder.
+Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
+default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
+does: the ``-early`` decoders (beam search only). Length penalties differ by design: transduce uses GNMT's
+((5 + |Y|) / 6) ** 0.6, Hugging Face and CTranslate2 divide by |Y| ** 1 (their default). Speed hardly depends on
+it; BLEU is reported per decoder.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
 
 
 class Ours:
-    def __init__(self, translator: Translator, name: str) -> None:
-        self.tr, self.name = translator, name
+    def __init__(self, translator: Translator, name: str, early_stopping: bool = False) -> None:
+        self.tr, self.name, self.early_stopping = translator, name, early_stopping
 
     def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
         c = self.tr.model.config
-        cfg = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=MAX_EXTRA)
+        cfg = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=MAX_EXTRA, early_stopping=self.early_stopping)
         out = []
         for batch in batches:
             src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
@@ -140,7 +143,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=0, help="first N sentences (0: all; synthetic: 500)")
     ap.add_argument("--batches", default="32,64")
     ap.add_argument("--modes", default="greedy,beam4")
-    ap.add_argument("--decoders", default="ours,ours-int8,hf,ct2,ct2-int8")
+    ap.add_argument("--decoders", default="ours,ours-early,ours-int8,ours-int8-early,hf,ct2,ct2-int8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
@@ -166,10 +169,15 @@ def main() -> None:
     tok = translator.tokenizer
     wanted = args.decoders.split(",")
     decoders = []
-    if "ours" in wanted:
-        decoders.append(Ours(translator, "transduce fp32"))
-    if "ours-int8" in wanted:
-        decoders.append(Ours(Translator(quantize_int8(translator.model), tok, translator.decode), "transduce int8"))
+    int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in args.decoders else None
+    for name, tr, label, early in [
+        ("ours", translator, "transduce fp32", False),
+        ("ours-early", translator, "transduce fp32, early stopping", True),
+        ("ours-int8", int8, "transduce int8", False),
+        ("ours-int8-early", int8, "transduce int8, early stopping", True),
+    ]:
+        if name in wanted:
+            decoders.append(Ours(tr, label, early))
     if "hf" in wanted:
         problems = export_problems(translator.model.config)
         if problems:
@@ -198,13 +206,14 @@ def main() -> None:
             batches = [[ids[i] for i in order[k : k + bs]] for k in range(0, len(order), bs)]
             times: dict[str, list[float]] = {d.name: [] for d in decoders}
             outputs: dict[str, list[list[int]]] = {}
+            active = [d for d in decoders if beam > 1 or not getattr(d, "early_stopping", False)]  # greedy: the same
             for _ in range(args.reps):
-                for d in decoders:  # interleaved, so that a noisy moment hits every decoder alike
+                for d in active:  # interleaved, so that a noisy moment hits every decoder alike
                     t0 = time.perf_counter()
                     outputs[d.name] = d.run(batches, beam)
                     times[d.name].append(time.perf_counter() - t0)
             base = statistics.median(times["CTranslate2 fp32"]) if "CTranslate2 fp32" in times else None
-            for d in decoders:
+            for d in active:
                 t = statistics.median(times[d.name])
                 n_tok = sum(len(o) + 1 for o in outputs[d.name])  # + EOS
                 bleu = lc = "-"

@@ -98,3 +98,18 @@ def test_attention_command_writes_pngs(checkpoint, tmp_path):
     assert main(args) == 0
     assert out.exists() and (tmp_path / "att.encoder.png").exists() and (tmp_path / "att.decoder.png").exists()
     assert main([*args[:-1], "--tgt", "ein Mann."]) == 0
+
+
+def test_decoding_options_override_the_run_config():
+    import argparse
+
+    from transduce.commands.translate import add_model_arguments, decode_config
+    from transduce.config import DecodeConfig
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    base = DecodeConfig(beam=5, length_penalty=1.0)
+    args = parser.parse_args(["--model", "m", "--early-stopping", "--beam", "3"])
+    assert decode_config(args, base) == DecodeConfig(beam=3, length_penalty=1.0, early_stopping=True)
+    assert decode_config(parser.parse_args(["--model", "m"]), base) == base  # nothing given: the run's config
+    assert decode_config(parser.parse_args(["--model", "m"]), base.replace(early_stopping=True)).early_stopping

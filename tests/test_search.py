@@ -147,6 +147,22 @@ def test_oracle_min_length_blocks_early_eos_but_keeps_true_scores():
     assert_hyps(got[0], [([A, B, C], ln(0.384), ln(0.384)), ([A], ln(0.12), ln(0.12))])
 
 
+def test_oracle_early_stopping_stops_at_beam_finished_hypotheses():
+    # beam 2: "" and "a" finish at steps 0 and 1; the exact search goes on and finds "a b c", which the length
+    # penalty ranks first (test above), early stopping returns what it has after two decoder calls
+    oracle = Oracle([TABLE_B])
+    got = beam_search(oracle, src_for(0), beam=2, nbest=2, length_penalty=0.6, max_len_b=10, early_stopping=True)
+    assert_hyps(got[0], [([], ln(0.4), ln(0.4) / lp(1)), ([A], ln(0.12), ln(0.12) / lp(2))])
+    assert oracle.calls == 2
+    exact = Oracle([TABLE_B])
+    assert beam_search(exact, src_for(0), beam=2, length_penalty=0.6, max_len_b=10)[0][0].tokens == [A, B, C]
+    assert exact.calls == 4
+    # a sentence without `beam` finished hypotheses goes on as before (table A finishes both at step 1)
+    got = beam_search(Oracle([TABLE_A]), src_for(0), beam=2, nbest=2, length_penalty=0.0, max_len_b=10,
+                      early_stopping=True)  # fmt: skip
+    assert_hyps(got[0], [([A], ln(0.3), ln(0.3)), ([B], ln(0.27), ln(0.27))])
+
+
 def test_oracle_batch_drops_finished_sentences():
     oracle = Oracle([TABLE_A, TABLE_B])
     got = beam_search(oracle, src_for(0, 1), beam=2, nbest=2, length_penalty=0.6, max_len_b=10)
@@ -321,6 +337,11 @@ def test_generate_dispatches_on_config():
     ]
     cfg = DecodeConfig(beam=3, nbest=2, max_len_b=4)
     same(generate(model, src, cfg), beam_search(model, src, beam=3, nbest=2, max_len_b=4))
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_b=4, early_stopping=True)
+    same(generate(model, src, cfg), beam_search(model, src, beam=3, nbest=2, max_len_b=4, early_stopping=True))
+    oracle = Oracle([TABLE_B])
+    generate(oracle, src_for(0), DecodeConfig(beam=2, max_len_b=10, early_stopping=True))
+    assert oracle.calls == 2
     cfg = DecodeConfig(sampling=True, nbest=3, top_k=4, max_len_b=4)
     a = generate(model, src, cfg, generator=torch.Generator().manual_seed(7))
     b = generate(model, src, cfg, generator=torch.Generator().manual_seed(7))

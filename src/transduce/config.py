@@ -363,6 +363,7 @@ class DecodeConfig(_Section):
     min_len: int = 0  # no EOS before this many tokens
     no_repeat_ngram: int = 0  # block repeated n-grams of this size; 0: off
     nbest: int = 1  # hypotheses returned per sentence (at most beam)
+    early_stopping: bool = False  # beam search: stop a sentence at `beam` finished hypotheses (fairseq, CTranslate2)
     sampling: bool = False  # sample instead of searching (temperature, top_k, top_p apply)
     temperature: float = 1.0
     top_k: int = 0  # sample from the k most likely tokens; 0: all

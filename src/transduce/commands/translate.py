@@ -34,6 +34,7 @@ _DECODE_OPTIONS = {
     "max_len_b": "max_len_b",
     "min_len": "min_len",
     "no_repeat_ngram": "no_repeat_ngram",
+    "early_stopping": "early_stopping",
     "sampling": "sampling",
     "temperature": "temperature",
     "top_k": "top_k",
@@ -60,6 +61,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len-b", type=int, metavar="B")
     g.add_argument("--min-len", type=int, metavar="N", help="no EOS before N tokens")
     g.add_argument("--no-repeat-ngram", type=int, metavar="N", help="block repeated n-grams of size N")
+    g.add_argument(
+        "--early-stopping", action="store_true", default=None,
+        help="beam search: stop a sentence at K finished hypotheses (faster; fairseq's and CTranslate2's rule)",
+    )  # fmt: skip
     g.add_argument("--sampling", action="store_true", default=None, help="sample instead of beam search")
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-k", type=int)

@@ -58,4 +58,4 @@ def generate(
         )  # fmt: skip
     if cfg.beam == 1:
         return [[h] for h in greedy_search(model, src, **common)]
-    return beam_search(model, src, beam=cfg.beam, nbest=cfg.nbest, **common)
+    return beam_search(model, src, beam=cfg.beam, nbest=cfg.nbest, early_stopping=cfg.early_stopping, **common)

@@ -107,6 +107,7 @@ def beam_search(
     min_len: int = 0,
     no_repeat_ngram: int = 0,
     nbest: int = 1,
+    early_stopping: bool = False,
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of source sentences. See :mod:`transduce.search.common` for lengths and scores.
@@ -120,6 +121,10 @@ def beam_search(
         min_len: no EOS before this many tokens.
         no_repeat_ngram: block repeated n-grams of this size (0: off).
         nbest: hypotheses returned per sentence (at most ``beam``).
+        early_stopping: stop a sentence as soon as it has ``beam`` finished hypotheses, the rule of fairseq,
+            OpenNMT, CTranslate2 (patience 1) and Hugging Face's ``early_stopping=True``; fewer decoder steps, but
+            a longer hypothesis that the length penalty would have ranked first can be missed. False (the
+            default): stop only when no live hypothesis can beat the finished ones.
         use_cache: False re-runs the decoder over the whole prefix every step (for the cache equivalence test).
     Returns:
         For each sentence, its ``nbest`` best hypotheses, best first.
@@ -193,14 +198,16 @@ def beam_search(
             cache = reorder_beams(cache, source_rows)
         step += 1
 
-        # done: no live hypothesis left, or `beam` finished ones that no live one can beat. The best a live
-        # hypothesis can do is keep its log-probability and reach the longest length (the penalty divides it).
+        # done: no live hypothesis left, or `beam` finished ones (that no live one can beat, unless early_stopping).
+        # The best a live hypothesis can do is keep its log-probability and reach the longest length (the penalty
+        # divides it).
         best_live = scores[:, 0]
-        sent_limit = limit.index_select(0, alive)
-        bound = best_live / gnmt_penalty(sent_limit.float() + 1, alpha) if alpha > 0 else best_live
-        done = torch.isinf(best_live) | (
-            finished.count.index_select(0, alive).ge(beam) & (bound <= finished.worst.index_select(0, alive))
-        )
+        done = finished.count.index_select(0, alive).ge(beam)
+        if not early_stopping:
+            sent_limit = limit.index_select(0, alive)
+            bound = best_live / gnmt_penalty(sent_limit.float() + 1, alpha) if alpha > 0 else best_live
+            done &= bound <= finished.worst.index_select(0, alive)
+        done |= torch.isinf(best_live)
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             if keep.numel() == 0:
