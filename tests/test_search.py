@@ -208,6 +208,29 @@ def test_next_token_log_probs_equal_log_softmax_of_the_last_position():
     assert out.dtype == torch.float32 and torch.equal(low, before.bfloat16())
 
 
+@pytest.mark.parametrize("vocab", [8000, 1000, 256, 250, 8003, 7])
+def test_top_candidates_equal_one_topk_over_all_beams(vocab, monkeypatch):
+    from transduce.search import beam as beam_module
+
+    g = torch.Generator().manual_seed(vocab)
+    total = torch.log_softmax(torch.randn(6, 4, vocab, generator=g) * 3, dim=-1)
+    total[1] = float("-inf")  # constrained rows: only EOS (id 2) is allowed
+    total[1, :, EOS_ID] = torch.tensor([-1.0, -2.0, -3.0, -4.0])
+    total[2, 1:] = float("-inf")  # one live beam
+    for size in (8, 3):
+        got = beam_module.top_candidates(total, size)
+        monkeypatch.setattr(beam_module, "CHUNKED_TOPK", False)
+        want = beam_module.top_candidates(total, size)
+        monkeypatch.setattr(beam_module, "CHUNKED_TOPK", True)
+        assert torch.equal(got[0], want[0])  # the same values, best first
+        finite = torch.isfinite(want[0])
+        for a, b in zip(got[1:], want[1:]):  # the same tokens and beams where the score is finite (no ties here)
+            assert torch.equal(a[finite], b[finite])
+        assert all(0 <= int(t) < vocab for t in got[1].flatten()) and all(0 <= int(b) < 4 for b in got[2].flatten())
+    # 4 x 250, 4 x 8003 and 4 x 7 are no multiple of 16: one torch.topk
+    assert (beam_module._chunked_topk(total.view(6, -1), 8) is None) == (vocab in (250, 8003, 7))
+
+
 def test_beam_step_takes_top_2k_across_beams():
     log_probs = torch.log(torch.tensor([[[0.1, 0.2, 0.7], [0.5, 0.4, 0.1]]]))  # (N=1, beam=2, V=3)
     scores = torch.log(torch.tensor([[0.5, 0.5]]))

@@ -1,0 +1,96 @@
+"""Beam search with and without its optional speed-ups, side by side on one model and one set of sentences:
+the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``) and early stopping (``DecodeConfig.early_stopping``).
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/beam_variants.py \\
+        --model runs/multi30k_en_de --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
+        --ref ../shared/data/multi30k/test_2016_flickr.de.gz
+
+Sentences are sorted by length and decoded in batches of ``--batch`` (beam 4, output up to source length + 50),
+the variants interleaved in every repetition; prints sentences/s (median), the speed ratio to the first variant,
+how many outputs equal the first variant's, and with ``--ref`` the lowercased Moses-tokenised BLEU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import transduce.search.beam as beam_module
+from transduce.config import DecodeConfig
+from transduce.evaluate import score_tokenized_lowercase
+from transduce.search import generate
+from transduce.search.common import pad_sequences
+from transduce.textio import read_lines
+from transduce.translate import Translator
+
+VARIANTS = {  # name: (chunked top-k, early stopping)
+    "torch.topk, exact stop": (False, False),
+    "chunked top-k, exact stop": (True, False),
+    "chunked top-k, early stopping": (True, True),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="run directory or checkpoint")
+    ap.add_argument("--src", required=True, help="source text (plain or .gz)")
+    ap.add_argument("--ref", help="reference text for BLEU (its language from the file name: test.de.gz -> de)")
+    ap.add_argument("--sentences", type=int, default=0, help="first N sentences (0: all)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    tr = Translator.load(args.model)
+    lines = [text for _, text in read_lines(args.src)][: args.sentences or None]
+    ids = tr.tokenizer.encode_src_batch(lines)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    c = tr.model.config
+    batches = [
+        pad_sequences([[*ids[i], c.eos_id] for i in order[k : k + args.batch]], c.pad_id)
+        for k in range(0, len(order), args.batch)
+    ]
+
+    def run(early: bool) -> list[list[int]]:
+        cfg = DecodeConfig(beam=args.beam, max_len_a=1.0, max_len_b=50, early_stopping=early)
+        return [h[0].tokens for src in batches for h in generate(tr.model, src, cfg)]
+
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    outputs: dict[str, list[list[int]]] = {}
+    try:
+        for _ in range(args.reps):
+            for name, (chunked, early) in VARIANTS.items():
+                beam_module.CHUNKED_TOPK = chunked
+                t0 = time.perf_counter()
+                outputs[name] = run(early)
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        beam_module.CHUNKED_TOPK = True
+    refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
+    lang = Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1] if args.ref else ""
+    first = next(iter(VARIANTS))
+    base = statistics.median(times[first])
+    print(f"torch {torch.__version__}, {args.threads} thread(s); {args.model}; {len(ids)} sentences, batch "
+          f"{args.batch}, beam {args.beam}; median of {args.reps}\n")  # fmt: skip
+    print("| variant | sent/s | vs first | outputs equal to the first | lc-tok BLEU |")
+    print("|---|---|---|---|---|")
+    for name in VARIANTS:
+        t = statistics.median(times[name])
+        same = sum(a == b for a, b in zip(outputs[name], outputs[first]))
+        bleu = "-"
+        if refs is not None:
+            hyps = [""] * len(ids)
+            for pos, i in enumerate(order):
+                hyps[i] = tr.tokenizer.decode_tgt(outputs[name][pos])
+            bleu = f"{score_tokenized_lowercase(hyps, refs, lang).bleu_lc_tok:.2f}"
+        print(f"| {name} | {len(ids) / t:.1f} | {base / t:.2f}x | {same}/{len(ids)} | {bleu} |")
+
+
+if __name__ == "__main__":
+    main()
