@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="then profile the last variant once (torch.profiler)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -90,6 +91,10 @@ def main() -> None:
                 hyps[i] = tr.tokenizer.decode_tgt(outputs[name][pos])
             bleu = f"{score_tokenized_lowercase(hyps, refs, lang).bleu_lc_tok:.2f}"
         print(f"| {name} | {len(ids) / t:.1f} | {base / t:.2f}x | {same}/{len(ids)} | {bleu} |")
+    if args.profile:
+        with torch.profiler.profile() as prof:
+            run(early)
+        print("\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":
