@@ -7,7 +7,8 @@ the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``) and early stopping (`
 
 Sentences are sorted by length and decoded in batches of ``--batch`` (beam 4, output up to source length + 50),
 the variants interleaved in every repetition; prints sentences/s (median), the speed ratio to the first variant,
-how many outputs equal the first variant's, and with ``--ref`` the lowercased Moses-tokenised BLEU.
+how many outputs equal the first variant's, and with ``--ref`` the lowercased Moses-tokenised BLEU; then the time
+of the candidate top-k alone on a (batch, beam, vocabulary) tensor, both ways.
 """
 
 from __future__ import annotations
@@ -91,6 +92,25 @@ def main() -> None:
                 hyps[i] = tr.tokenizer.decode_tgt(outputs[name][pos])
             bleu = f"{score_tokenized_lowercase(hyps, refs, lang).bleu_lc_tok:.2f}"
         print(f"| {name} | {len(ids) / t:.1f} | {base / t:.2f}x | {same}/{len(ids)} | {bleu} |")
+    # the top-k alone, on log-probabilities of the model's vocabulary shaped as in a beam step (sentences, beam, V)
+    g = torch.Generator().manual_seed(0)
+    total = torch.log_softmax(torch.randn(args.batch, args.beam, c.tgt_vocab_size, generator=g) * 3, dim=-1)
+    cost = {}
+    for chunked in (False, True):
+        beam_module.CHUNKED_TOPK = chunked
+        beam_module.top_candidates(total, 2 * args.beam)
+        best = float("inf")
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for _ in range(100):
+                beam_module.top_candidates(total, 2 * args.beam)
+            best = min(best, (time.perf_counter() - t0) / 100)
+        cost[chunked] = best * 1e3
+    beam_module.CHUNKED_TOPK = True
+    print(
+        f"\ntop_candidates on {tuple(total.shape)} (best of 7 x 100): torch.topk {cost[False]:.2f} ms, "
+        f"chunked {cost[True]:.2f} ms"
+    )
     if args.profile:
         with torch.profiler.profile() as prof:
             run(early)

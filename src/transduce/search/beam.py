@@ -60,8 +60,8 @@ def _chunked_topk(flat: Tensor, size: int) -> tuple[Tensor, Tensor] | None:
     chunks with the largest maxima (a value outside them is beaten by at least ``size`` chunk maxima, each a
     different value), so one vectorised max per chunk and a top-k over ``size * c`` values replace the top-k over
     the whole row. On this project's machine (one thread, 32 x 4 x 8,000 scores, the beam-4 search of a batch of
-    32) that took 0.41 ms against 1.9 ms for ``torch.topk``. The values are the same; among equal values the
-    indices may differ.
+    32) that took 0.37 ms against 1.67 ms for ``torch.topk`` (``benchmarks/beam_variants.py``). The values are
+    the same; among equal values the indices may differ.
     """
     n, m = flat.shape
     c = next((c for c in _CHUNKS if m % c == 0 and m // c >= max(size, 4)), 0)
