@@ -64,7 +64,7 @@ def _chunked_topk(flat: Tensor, size: int) -> tuple[Tensor, Tensor] | None:
     the same; among equal values the indices may differ.
     """
     n, m = flat.shape
-    c = next((c for c in _CHUNKS if m % c == 0 and m // c >= max(size, 4)), 0)
+    c = next((c for c in _CHUNKS if m % c == 0 and m // c >= size), 0)
     if not c or flat.dtype != torch.float32:
         return None
     chunks = flat.view(n, m // c, c)
