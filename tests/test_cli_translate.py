@@ -90,6 +90,23 @@ def test_evaluate_json_and_mismatch(checkpoint, tmp_path, capsys):
     assert main(["evaluate", "--hyp", str(short), "--ref", str(ref)]) == 2
     assert "1 hypotheses but 2 references" in capsys.readouterr().err
     assert main(["evaluate", "--model", str(checkpoint), "--src", str(src), "--ref", str(short)]) == 2
+    assert f"{src} vs {short}: 2 source lines but 1 references" in capsys.readouterr().err
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ein Hund.\n\xff der Mann.\n")
+    assert main(["evaluate", "--hyp", str(ref), "--ref", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.txt, line 2: not valid UTF-8" in err and "every file scored or translated must be UTF-8" in err
+    assert "--replace-invalid" not in err and "Traceback" not in err  # evaluate has no such option
+
+
+def test_translator_option_errors_are_one_line_errors(checkpoint, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("a dog.\n", encoding="utf-8")
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-input-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "max_input_tokens must be >= 1, got 0" in err and "Traceback" not in err
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-len-a", "inf"]) == 2
+    assert "max_len_a: must be a finite number >= 0, got inf" in capsys.readouterr().err
 
 
 def test_attention_command_writes_pngs(checkpoint, tmp_path):
@@ -98,6 +115,15 @@ def test_attention_command_writes_pngs(checkpoint, tmp_path):
     assert main(args) == 0
     assert out.exists() and (tmp_path / "att.encoder.png").exists() and (tmp_path / "att.decoder.png").exists()
     assert main([*args[:-1], "--tgt", "ein Mann."]) == 0
+
+
+def test_attention_command_draws_the_translation_the_decoding_options_give(checkpoint, tmp_path, capsys):
+    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--out", str(tmp_path / "a.png")]
+    assert main(args) == 0
+    default = capsys.readouterr().out.split()
+    assert main([*args, "--max-len-a", "0", "--max-len-b", "2"]) == 0
+    short = capsys.readouterr().out.split()
+    assert len(default) > 3 and len(short) == 3  # two pieces, then the forced EOS
 
 
 def test_decoding_options_override_the_run_config():
@@ -113,3 +139,8 @@ def test_decoding_options_override_the_run_config():
     assert decode_config(args, base) == DecodeConfig(beam=3, length_penalty=1.0, early_stopping=True)
     assert decode_config(parser.parse_args(["--model", "m"]), base) == base  # nothing given: the run's config
     assert decode_config(parser.parse_args(["--model", "m"]), base.replace(early_stopping=True)).early_stopping
+    # the run's nbest does not stand in the way of a smaller beam: only --nbest asks for more than one translation
+    wide = DecodeConfig(beam=4, nbest=4)
+    parser.add_argument("--nbest", type=int)  # translate's own option
+    assert decode_config(parser.parse_args(["--model", "m", "--beam", "2"]), wide) == DecodeConfig(beam=2, nbest=1)
+    assert decode_config(parser.parse_args(["--model", "m", "--nbest", "6"]), wide) == DecodeConfig(beam=6, nbest=6)

@@ -73,6 +73,47 @@ def test_yaml_file_with_preset_and_dotted_overrides(tmp_path):
         Config.load(tmp_path / "missing.yaml")
 
 
+def test_files_that_are_not_configs_get_an_error_naming_the_path(tmp_path):
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ConfigError, match=r"runs: is a directory, not a config file \(to continue a run: --resume\)"):
+        Config.load(tmp_path / "runs")
+    text = tmp_path / "train.en"
+    text.write_text("A man rides a bike.\n")
+    with pytest.raises(ConfigError, match=r"train.en: a config is a YAML mapping of sections .*, got a str"):
+        Config.load(text, ["train.seed=2"])
+    binary = tmp_path / "train.en.gz"
+    binary.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    with pytest.raises(ConfigError, match=r"train.en.gz: not a UTF-8 text file \(byte 1\), so not a YAML config"):
+        Config.load(binary)
+    with pytest.raises(ConfigError, match="a config is a mapping of sections .*, got list"):
+        Config.from_dict([1, 2])
+    with pytest.raises(ConfigError, match="a config is a mapping of sections .*, got str"):
+        apply_overrides("model", ["train.seed=2"])
+
+
+@pytest.mark.parametrize(
+    "section, field, value",
+    [
+        (DecodeConfig, "max_len_a", float("inf")),  # would clamp every maximum length to 0: empty translations
+        (DecodeConfig, "length_penalty", float("nan")),
+        (DecodeConfig, "temperature", float("inf")),
+        (DecodeConfig, "top_p", float("nan")),
+        (TrainConfig, "peak_lr", float("nan")),
+        (TrainConfig, "max_minutes", float("inf")),
+    ],
+)
+def test_non_finite_numbers_are_refused(section, field, value):
+    with pytest.raises(ConfigError, match=rf"^{field}: must be "):
+        section(**{field: value})
+
+
+def test_non_finite_numbers_in_a_config_file_name_the_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("decode:\n  max_len_a: .inf\n")
+    with pytest.raises(ConfigError, match=r"run.yaml: decode.max_len_a: must be a finite number >= 0, got inf"):
+        Config.load(path)
+
+
 def test_overrides_do_not_change_their_input():
     data = {"train": {"seed": 1}}
     assert apply_overrides(data, ["train.seed=2"]) == {"train": {"seed": 2}}

@@ -108,6 +108,20 @@ def test_nbest_returns_scored_lists(client, reference):
     assert "nbest" not in client.post("/translate", json={"sentences": sentences}).json()  # only when asked
 
 
+def test_a_smaller_beam_is_accepted_when_the_configured_nbest_is_larger(copy_checkpoint, reference):
+    """translate searches with nbest 1 whatever the run's decode.nbest says, so beam 2 under nbest 4 is valid."""
+    from transduce.config import DecodeConfig
+
+    app = create_app(Translator.load(copy_checkpoint, decode=DecodeConfig(beam=4, nbest=4)), batch_wait_ms=1.0)
+    sentences = ["a man rides the red bike.", "two girls play."]
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=120) as c:
+        r = c.post("/translate", json={"sentences": sentences, "beam": 2})
+        assert r.status_code == 200, r.json()
+        assert r.json()["translations"] == reference.translate(sentences, beam=2)
+        r = c.post("/attention", json={"sentence": sentences[0], "beam": 2})
+        assert r.status_code == 200 and r.json()["translation"] == reference.translate(sentences[:1], beam=2)[0]
+
+
 def test_empty_sentences_and_order(client, reference):
     sentences = ["", "two girls play on grass.", "", "a dog.", ""]
     got = client.post("/translate", json={"sentences": sentences}).json()["translations"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,8 +40,10 @@ def _check_choice(where: str, value: Any, choices: tuple) -> None:
 
 
 def _check_positive(where: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{where}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    """``value`` must be a finite number > 0 (>= 0 with ``allow_zero``): NaN and infinity are refused too, since no
+    option means "no limit" by infinity (0 does, where documented)."""
+    if not (math.isfinite(value) and (value > 0 or (value == 0 and allow_zero))):
+        raise ConfigError(f"{where}: must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
 def _unknown_key(where: str, key: str, valid: list[str]) -> ConfigError:
@@ -396,6 +399,10 @@ class Config(_Section):
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(
+                f"a config is a mapping of sections (model, data, train, decode), got {type(data).__name__}"
+            )
         data = dict(data or {})
         model = data.get("model")
         if isinstance(model, dict) and "preset" in model:
@@ -415,10 +422,21 @@ class Config(_Section):
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a directory, not a config file (to continue a run: --resume)") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}), so not a YAML config") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file: {e.strerror or e}") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{path}: a config is a YAML mapping of sections (model, data, train, decode), got a "
+                f"{type(data).__name__}"
+            )
         try:
             return cls.from_dict(apply_overrides(data, overrides or []))
         except ConfigError as e:
@@ -430,6 +448,8 @@ class Config(_Section):
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``section.key=value`` strings to a nested mapping (a copy). Values are parsed as YAML scalars."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config is a mapping of sections (model, data, train, decode), got {type(data).__name__}")
     data = json.loads(json.dumps(data))
     for item in overrides:
         key, sep, raw = item.partition("=")

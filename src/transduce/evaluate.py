@@ -21,11 +21,11 @@ from transduce.errors import TransduceError
 class LengthMismatchError(TransduceError, ValueError):
     """Hypotheses and references have different numbers of lines; nothing is scored."""
 
-    def __init__(self, hypotheses: int, references: int, what: str = ""):
+    def __init__(self, hypotheses: int, references: int, where: str = "", *, what: str = "hypotheses"):
         self.hypotheses, self.references = hypotheses, references
-        where = f"{what}: " if what else ""
+        where = f"{where}: " if where else ""
         super().__init__(
-            f"{where}{hypotheses} hypotheses but {references} references; the files must have one line each per "
+            f"{where}{hypotheses} {what} but {references} references; the files must have one line each per "
             "sentence, so nothing was scored"
         )
 

@@ -381,7 +381,6 @@ def create_app(
     model_info = _model_info(translator)
     page = resources.files("transduce").joinpath("static/index.html").read_text(encoding="utf-8")
     TranslateRequest, AttentionRequest = _request_models(max_beam)
-    checked_options: dict[tuple, str | None] = {}  # options -> None if DecodeConfig accepts them, else the message
 
     def translate_batch(sentences: list[str], options: dict[str, Any]) -> list[Any]:
         options = dict(options)
@@ -414,20 +413,18 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
     def check_options(options: dict[str, Any]) -> JSONResponse | None:
-        """422 if DecodeConfig rejects the options (the model only checks types and ranges); cached."""
-        key = tuple(sorted(options.items()))
-        if key not in checked_options:
-            changes = dict(options)
-            if changes.get("nbest") is not None:
-                changes["beam"] = max(changes.get("beam") or translator.decode.beam, changes["nbest"])
-            try:
-                translator.decode.replace(**changes)
-                checked_options[key] = None
-            except ConfigError as e:
-                checked_options[key] = str(e)
-        message = checked_options[key]
-        if message is None:
+        """422 if DecodeConfig rejects the options as the request will use them (the model only checks types and
+        ranges): ``translate`` searches with nbest 1, ``translate_nbest`` widens the beam to ``nbest``."""
+        changes = dict(options)
+        if changes.get("nbest") is not None:
+            changes["beam"] = max(changes.get("beam") or translator.decode.beam, changes["nbest"])
+        else:
+            changes["nbest"] = 1
+        try:
+            translator.decode.replace(**changes)
             return None
+        except ConfigError as e:
+            message = str(e)
         detail = [{"type": "value_error", "loc": ["body"], "msg": message, "input": options}]
         return JSONResponse({"error": message, "detail": detail}, status_code=422)
 

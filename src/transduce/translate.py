@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from transduce.config import DecodeConfig
+from transduce.config import ConfigError, DecodeConfig
 from transduce.search import Hypothesis, generate, length_batches
 from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
@@ -97,7 +97,7 @@ class Translator:
             learned = getattr(mc, "positions", None) == "learned"
             max_input_tokens = mc.max_positions - 1 if learned else DEFAULT_MAX_INPUT_TOKENS
         if max_input_tokens < 1:
-            raise ValueError(f"max_input_tokens must be >= 1, got {max_input_tokens}")
+            raise ConfigError(f"max_input_tokens must be >= 1, got {max_input_tokens}")
         self.max_input_tokens = max_input_tokens
         self._encode_lock = threading.Lock()  # tokenizers are not all documented as thread-safe
 
@@ -119,9 +119,9 @@ class Translator:
         from transduce.model.quantize import QUANTIZATIONS, quantize_int8
 
         if quantize is not None and quantize not in QUANTIZATIONS:
-            raise ValueError(f"quantize: {quantize!r} is not one of {', '.join(QUANTIZATIONS)}")
+            raise ConfigError(f"quantize: {quantize!r} is not one of {', '.join(QUANTIZATIONS)}")
         if quantize is not None and torch.device(device).type != "cpu":
-            raise ValueError(f"quantize: {quantize!r} runs on the CPU only, not on {device}")
+            raise ConfigError(f"quantize: {quantize!r} runs on the CPU only, not on {device}")
         model, config, tokenizer = load_any(path, device)
         if quantize == "int8":
             model = quantize_int8(model)

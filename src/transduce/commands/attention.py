@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from transduce.commands.translate import add_model_arguments, load_translator
+from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from transduce.plot import plot_attention_maps
 
     translator = load_translator(args)
-    maps = translator.attention(args.src, args.tgt, beam=args.beam)
+    translator.decode = decode_config(args, translator.decode)  # the translation drawn is the one translate gives
+    maps = translator.attention(args.src, args.tgt)
     for path in plot_attention_maps(maps, args.out, self_attention=args.self_attention):
         log.info("wrote %s", path)
     print(" ".join(maps.tgt_out_pieces))

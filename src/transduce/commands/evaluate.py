@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read(path: str) -> list[str]:
-    from transduce.translate import read_source_lines
+    from transduce.textio import read_lines
 
-    return [text for _, text in read_source_lines(path)]
+    return [text for _, text in read_lines(path, hint="every file scored or translated must be UTF-8")]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
             raise TransduceError("--src needs --model")
         sources = _read(args.src)
         if len(sources) != len(references):  # fail before spending time translating
-            raise LengthMismatchError(len(sources), len(references), f"{args.src} vs {args.ref}")
+            raise LengthMismatchError(len(sources), len(references), f"{args.src} vs {args.ref}", what="source lines")
         translator = load_translator(args)
-        cfg = decode_config(args, translator.decode).replace(nbest=1)
+        cfg = decode_config(args, translator.decode)
         hypotheses = [ts[0].text for ts in translator.translate_lines(enumerate(sources, start=1), cfg)]
         if args.hyp_out:
             Path(args.hyp_out).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")

@@ -50,7 +50,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
-    parser.add_argument("--max-input-tokens", type=int, metavar="N", help="split longer lines (default: 1024)")
+    parser.add_argument(
+        "--max-input-tokens",
+        type=int,
+        metavar="N",
+        help="split longer lines (default: 1024; max_positions - 1 with learned positions)",
+    )
     parser.add_argument(
         "--int8", action="store_true", help="CPU: dynamic int8 quantisation of the linear layers (faster, approximate)"
     )
@@ -73,15 +78,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
-    """``base`` with the decoding options that were given on the command line (validated by DecodeConfig)."""
-    changes: dict[str, Any] = {}
+    """``base`` with the decoding options that were given on the command line (validated by DecodeConfig).
+
+    ``nbest`` is 1 unless ``--nbest`` is given (only ``translate --nbest`` writes more than one translation), so a
+    run whose config says ``nbest: 4`` still accepts ``--beam 2``."""
+    changes: dict[str, Any] = {"nbest": 1}
     for option, field in _DECODE_OPTIONS.items():
         value = getattr(args, option, None)
         if value is not None:
             changes[field] = value
-    if changes.get("nbest", 1) > changes.get("beam", base.beam) and not changes.get("sampling", base.sampling):
+    if changes["nbest"] > changes.get("beam", base.beam) and not changes.get("sampling", base.sampling):
         changes["beam"] = changes["nbest"]  # --nbest 8 alone widens the beam rather than failing
-    return base.replace(**changes) if changes else base
+    return base.replace(**changes)
 
 
 def load_translator(args: argparse.Namespace):
