@@ -9,6 +9,12 @@ Sentences are sorted by length and decoded in batches of ``--batch`` (beam 4, ou
 the variants interleaved in every repetition; prints sentences/s (median), the speed ratio to the first variant,
 how many outputs equal the first variant's, and with ``--ref`` the lowercased Moses-tokenised BLEU; then the time
 of the candidate top-k alone on a (batch, beam, vocabulary) tensor, both ways.
+
+With ``--steps 1,8,32,64`` it measures instead what one decoder step of the default search (chunked top-k, early
+stopping) costs at each batch size: sentences/s, decoder calls and milliseconds per call. A step for 4 rows (batch
+1) against one for 128 rows (batch 32) shows the fixed cost of a step (Python, operator dispatch, weight reads).
+``--compile`` first wraps the decoder's layer stack in ``torch.compile(dynamic=True)`` (timed after two warm-up
+batches, so compilation is not counted).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="then profile the last variant once (torch.profiler)")
+    ap.add_argument("--steps", metavar="B1,B2,..", help="time per decoder step at these batch sizes, not variants")
+    ap.add_argument("--compile", action="store_true", help="with --steps: torch.compile the decoder layers first")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -54,10 +62,17 @@ def main() -> None:
     ids = tr.tokenizer.encode_src_batch(lines)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     c = tr.model.config
-    batches = [
-        pad_sequences([[*ids[i], c.eos_id] for i in order[k : k + args.batch]], c.pad_id)
-        for k in range(0, len(order), args.batch)
-    ]
+
+    def make_batches(size: int) -> list[torch.Tensor]:
+        return [
+            pad_sequences([[*ids[i], c.eos_id] for i in order[k : k + size]], c.pad_id)
+            for k in range(0, len(order), size)
+        ]
+
+    if args.steps:
+        time_steps(tr.model, make_batches, [int(b) for b in args.steps.split(",")], args)
+        return
+    batches = make_batches(args.batch)
 
     def run(early: bool) -> list[list[int]]:
         cfg = DecodeConfig(beam=args.beam, max_len_a=1.0, max_len_b=50, early_stopping=early)
@@ -115,6 +130,47 @@ def main() -> None:
         with torch.profiler.profile() as prof:
             run(early)
         print("\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def time_steps(model, make_batches, sizes: list[int], args: argparse.Namespace) -> None:
+    """Decoder calls and time per call of the default beam search (chunked top-k, early stopping) by batch size."""
+    if args.compile:
+        import transduce.model.layers as layers
+
+        def extend(past: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+            return torch.cat([past if order is None else past.index_select(0, order), new], dim=2)
+
+        layers._extend = extend  # the eager version writes into a view with out=, which compiled graphs refuse
+        torch._dynamo.config.recompile_limit = 64  # first steps, row counts of 1, groups: a few graphs each
+        model._decode_layers = torch.compile(model._decode_layers, dynamic=True)
+    calls = 0
+    decode = model.decode
+
+    def counting(*a, **k):
+        nonlocal calls
+        calls += 1
+        return decode(*a, **k)
+
+    model.decode = counting
+    cfg = DecodeConfig(beam=args.beam, max_len_a=1.0, max_len_b=50, early_stopping=True)
+    print(f"torch {torch.__version__}, {args.threads} thread(s); {args.model}; beam {args.beam}, early stopping"
+          f"{', torch.compile' if args.compile else ''}; median of {args.reps}\n")  # fmt: skip
+    print("| batch | sentences | sent/s | decoder calls | ms per call |")
+    print("|---|---|---|---|---|")
+    for size in sizes:
+        batches = make_batches(size)
+        for src in batches[:2]:  # warm-up (and compilation)
+            generate(model, src, cfg)
+        times = []
+        for _ in range(args.reps):
+            calls = 0
+            t0 = time.perf_counter()
+            for src in batches:
+                generate(model, src, cfg)
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        n = sum(len(b) for b in batches)
+        print(f"| {size} | {n} | {n / t:.1f} | {calls} | {1e3 * t / calls:.2f} |")
 
 
 if __name__ == "__main__":
