@@ -11,8 +11,9 @@ how many outputs equal the first variant's, and with ``--ref`` the lowercased Mo
 of the candidate top-k alone on a (batch, beam, vocabulary) tensor, both ways.
 
 With ``--steps 1,8,32,64`` it measures instead what one decoder step of the default search (chunked top-k, early
-stopping) costs at each batch size: sentences/s, decoder calls and milliseconds per call. A step for 4 rows (batch
-1) against one for 128 rows (batch 32) shows the fixed cost of a step (Python, operator dispatch, weight reads).
+stopping) costs at each batch size: sentences/s, decoder calls, and the whole search time (encoder included) per
+decoder call. A step for at most 4 rows (batch 1) against one for at most 128 (batch 32; finished sentences leave
+the batch) shows the fixed cost of a step (Python, operator dispatch, weight reads).
 ``--compile`` first wraps the decoder's layer stack in ``torch.compile(dynamic=True)`` (timed after two warm-up
 batches, so compilation is not counted).
 """

@@ -75,15 +75,18 @@ def test_yaml_file_with_preset_and_dotted_overrides(tmp_path):
 
 def test_files_that_are_not_configs_get_an_error_naming_the_path(tmp_path):
     (tmp_path / "runs").mkdir()
-    with pytest.raises(ConfigError, match=r"runs: is a directory, not a config file \(to continue a run: --resume\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"runs: is a directory, not a config file \(to continue a training run: transduce train --resume DIR\)",
+    ):
         Config.load(tmp_path / "runs")
     text = tmp_path / "train.en"
     text.write_text("A man rides a bike.\n")
-    with pytest.raises(ConfigError, match=r"train.en: a config is a YAML mapping of sections .*, got a str"):
+    with pytest.raises(ConfigError, match=r"train.en: a config is a YAML mapping of sections .*, got str"):
         Config.load(text, ["train.seed=2"])
     binary = tmp_path / "train.en.gz"
     binary.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
-    with pytest.raises(ConfigError, match=r"train.en.gz: not a UTF-8 text file \(byte 1\), so not a YAML config"):
+    with pytest.raises(ConfigError, match=r"train.en.gz: not a UTF-8 text file \(byte 2\), so not a YAML config"):
         Config.load(binary)
     with pytest.raises(ConfigError, match="a config is a mapping of sections .*, got list"):
         Config.from_dict([1, 2])
@@ -100,11 +103,13 @@ def test_files_that_are_not_configs_get_an_error_naming_the_path(tmp_path):
         (DecodeConfig, "top_p", float("nan")),
         (TrainConfig, "peak_lr", float("nan")),
         (TrainConfig, "max_minutes", float("inf")),
+        (TrainConfig, "max_steps", -1),
     ],
 )
 def test_non_finite_numbers_are_refused(section, field, value):
     with pytest.raises(ConfigError, match=rf"^{field}: must be "):
         section(**{field: value})
+    assert TrainConfig(max_steps=10**400).max_steps == 10**400  # a huge integer is finite (math.isfinite overflows)
 
 
 def test_non_finite_numbers_in_a_config_file_name_the_key(tmp_path):

@@ -42,7 +42,7 @@ def _check_choice(where: str, value: Any, choices: tuple) -> None:
 def _check_positive(where: str, value: float, allow_zero: bool = False) -> None:
     """``value`` must be a finite number > 0 (>= 0 with ``allow_zero``): NaN and infinity are refused too, since no
     option means "no limit" by infinity (0 does, where documented)."""
-    if not (math.isfinite(value) and (value > 0 or (value == 0 and allow_zero))):
+    if (isinstance(value, float) and not math.isfinite(value)) or not (value > 0 or (value == 0 and allow_zero)):
         raise ConfigError(f"{where}: must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
@@ -365,7 +365,7 @@ class DecodeConfig(_Section):
     max_len_b: int = 50
     min_len: int = 0  # no EOS before this many tokens
     no_repeat_ngram: int = 0  # block repeated n-grams of this size; 0: off
-    nbest: int = 1  # hypotheses returned per sentence (at most beam)
+    nbest: int = 1  # hypotheses per sentence of Translator.translate_lines (CLI: --nbest; server: the request's)
     early_stopping: bool = False  # beam search: stop a sentence at `beam` finished hypotheses (fairseq, CTranslate2)
     sampling: bool = False  # sample instead of searching (temperature, top_k, top_p apply)
     temperature: float = 1.0
@@ -423,9 +423,11 @@ class Config(_Section):
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except IsADirectoryError:
-            raise ConfigError(f"{path}: is a directory, not a config file (to continue a run: --resume)") from None
+            raise ConfigError(
+                f"{path}: is a directory, not a config file (to continue a training run: transduce train --resume DIR)"
+            ) from None
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}), so not a YAML config") from None
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start + 1}), so not a YAML config") from None
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the config file: {e.strerror or e}") from None
         try:
@@ -434,7 +436,7 @@ class Config(_Section):
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(
-                f"{path}: a config is a YAML mapping of sections (model, data, train, decode), got a "
+                f"{path}: a config is a YAML mapping of sections (model, data, train, decode), got "
                 f"{type(data).__name__}"
             )
         try:
