@@ -46,6 +46,12 @@ def _check_positive(where: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{where}: must be a finite number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+def _check_sections(data: Any, kind: str = "mapping") -> None:
+    """A whole config must be a mapping of its sections (a list, a string or a number is not one)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config is a {kind} of sections (model, data, train, decode), got {type(data).__name__}")
+
+
 def _unknown_key(where: str, key: str, valid: list[str]) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -399,10 +405,8 @@ class Config(_Section):
 
     @classmethod
     def from_dict(cls, data: dict) -> Config:
-        if data is not None and not isinstance(data, dict):
-            raise ConfigError(
-                f"a config is a mapping of sections (model, data, train, decode), got {type(data).__name__}"
-            )
+        if data is not None:
+            _check_sections(data)
         data = dict(data or {})
         model = data.get("model")
         if isinstance(model, dict) and "preset" in model:
@@ -434,12 +438,8 @@ class Config(_Section):
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"{path}: a config is a YAML mapping of sections (model, data, train, decode), got "
-                f"{type(data).__name__}"
-            )
         try:
+            _check_sections(data, "YAML mapping")
             return cls.from_dict(apply_overrides(data, overrides or []))
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
@@ -450,8 +450,7 @@ class Config(_Section):
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``section.key=value`` strings to a nested mapping (a copy). Values are parsed as YAML scalars."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"a config is a mapping of sections (model, data, train, decode), got {type(data).__name__}")
+    _check_sections(data)
     data = json.loads(json.dumps(data))
     for item in overrides:
         key, sep, raw = item.partition("=")
