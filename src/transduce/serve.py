@@ -413,16 +413,11 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
     def check_options(options: dict[str, Any]) -> JSONResponse | None:
-        """422 if DecodeConfig rejects the options as the request will use them: ``translate`` searches with nbest 1,
-        ``translate_nbest`` widens the beam to ``nbest``. The request models already check every field's type and
-        range, so this is a guard for DecodeConfig rules they do not repeat (none at present)."""
-        changes = dict(options)
-        if changes.get("nbest") is not None:
-            changes["beam"] = max(changes.get("beam") or translator.decode.beam, changes["nbest"])
-        else:
-            changes["nbest"] = 1
+        """422 if DecodeConfig rejects the options as the request will use them (``Translator.search_config``). The
+        request models already check every field's type and range, so this is a guard for DecodeConfig rules they
+        do not repeat (none at present)."""
         try:
-            translator.decode.replace(**changes)
+            translator.search_config(**options)
             return None
         except ConfigError as e:
             message = str(e)

@@ -142,7 +142,7 @@ class Translator:
             options: other :class:`DecodeConfig` fields (``length_penalty=1.0``, ``sampling=True``, ...); unknown
                 names raise :class:`transduce.config.ConfigError`.
         """
-        cfg = self._config(decode, beam=beam, nbest=1, **options)
+        cfg = self.search_config(beam=beam, decode=decode, **options)
         return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg)]
 
     def translate_nbest(
@@ -159,9 +159,18 @@ class Translator:
         The beam is widened to ``nbest`` if it is smaller. An empty sentence, and a sentence that had to be split,
         get a single translation.
         """
-        base = decode or self.decode
-        cfg = self._config(decode, beam=max(beam or base.beam, nbest), nbest=nbest, **options)
+        cfg = self.search_config(nbest=nbest, beam=beam, decode=decode, **options)
         return self._translate(list(enumerate(sentences, start=1)), cfg)
+
+    def search_config(
+        self, *, nbest: int | None = None, beam: int | None = None, decode: DecodeConfig | None = None, **options: Any
+    ) -> DecodeConfig:
+        """The decoding configuration :meth:`translate` (``nbest`` None: one translation) or :meth:`translate_nbest`
+        (the beam widened to ``nbest``) searches with for these arguments; None values keep the base's setting.
+        Raises :class:`transduce.config.ConfigError` for options :class:`DecodeConfig` refuses."""
+        if nbest is None:
+            return self._config(decode, beam=beam, nbest=1, **options)
+        return self._config(decode, beam=max(beam or (decode or self.decode).beam, nbest), nbest=nbest, **options)
 
     def translate_lines(
         self, lines: Iterable[tuple[int, str]], cfg: DecodeConfig | None = None, *, chunk_size: int = 2000
