@@ -2,12 +2,13 @@
 
     python benchmarks/multi30k_select.py runs/multi30k_en_de                       # last 5 and last 10 averaged
     python benchmarks/multi30k_select.py RUN --average 5,10,15 --beams 4,6 --alphas 0.6,1.0,1.4
+    python benchmarks/multi30k_select.py RUN --average 3,5,8,12 --norms gnmt,length   # both length penalty forms
 
 1. Candidates: the run's newest checkpoint and, for each N of ``--average``, the mean of its N newest checkpoints
    (written to ``RUN/average_lastN`` as ``transduce average RUN --last N`` does). Each is translated on the
    validation set with the run's decoding settings.
 2. The candidate with the best validation BLEU in the literature's convention (lowercased, Moses-tokenised) is
-   decoded on the validation set again for every beam size x length penalty of the grid.
+   decoded on the validation set again for every beam size x length penalty (x penalty form, ``--norms``).
 3. The winning model and settings translate the validation and test sets once, through ``transduce report
    --evaluate`` (``RUN/eval/scores.json``: both BLEU conventions with signatures).
 
@@ -45,6 +46,10 @@ def main() -> None:
     ap.add_argument("--average", type=ints, default=[5, 10], help="N of the averages of the N newest checkpoints")
     ap.add_argument("--beams", type=ints, default=[4, 5])
     ap.add_argument("--alphas", type=floats, default=[0.6, 1.0])
+    ap.add_argument(
+        "--norms", type=lambda t: [x for x in t.split(",") if x], default=None,
+        help="length penalty forms to try: gnmt, length (DecodeConfig.length_norm; default: the run's)",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -73,8 +78,9 @@ def main() -> None:
         ckpt.save_model(out, model, config, vocab_dir)
         candidates.append((f"average of the last {n} ({found[-n].name} .. {found[-1].name})", out))
 
-    beam0, alpha0 = cfg.decode.beam, cfg.decode.length_penalty
-    print(f"\nValidation BLEU (lowercased, Moses-tokenised), beam {beam0}, alpha {alpha0}:\n")
+    beam0, alpha0, norm0 = cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.length_norm
+    norms = args.norms or [norm0]
+    print(f"\nValidation BLEU (lowercased, Moses-tokenised), beam {beam0}, alpha {alpha0} ({norm0}):\n")
     print("| model | val BLEU | seconds |\n|---|---|---|")
     scored = []
     for name, path in candidates:
@@ -85,21 +91,24 @@ def main() -> None:
     best_bleu, best_name, best_path = max(scored, key=lambda s: s[0])  # the first (simplest) wins ties
 
     print(f"\nDecoding grid on validation for {best_name}:\n")
-    print("| beam | " + " | ".join(f"alpha {a}" for a in args.alphas) + " |")
-    print("|---|" + "---|" * len(args.alphas))
+    print("| beam | penalty | " + " | ".join(f"alpha {a}" for a in args.alphas) + " |")
+    print("|---|---|" + "---|" * len(args.alphas))
     grid = {}
+    own = (beam0, norm0, alpha0)
     for beam in args.beams:
-        row = []
-        for alpha in args.alphas:
-            own = (beam, alpha) == (beam0, alpha0)
-            bleu = best_bleu if own else val_bleu(best_path, beam=beam, length_penalty=alpha)
-            grid[beam, alpha] = bleu
-            row.append(f"{bleu:.2f}")
-        print(f"| {beam} | " + " | ".join(row) + " |", flush=True)
-    beam, alpha = max(grid, key=lambda k: (grid[k], k == (beam0, alpha0)))  # ties: the run's own settings
+        for norm in norms:
+            row = []
+            for alpha in args.alphas:
+                key = (beam, norm, alpha)
+                decode = dict(beam=beam, length_penalty=alpha, length_norm=norm)
+                bleu = best_bleu if key == own else val_bleu(best_path, **decode)
+                grid[key] = bleu
+                row.append(f"{bleu:.2f}")
+            print(f"| {beam} | {norm} | " + " | ".join(row) + " |", flush=True)
+    beam, norm, alpha = max(grid, key=lambda k: (grid[k], k == own))  # ties: the run's own settings
 
-    print(f"\nChosen: {best_name}, beam {beam}, alpha {alpha}; scoring validation and test sets once:\n")
-    result = evaluate_run(args.run, model=best_path, beam=beam, length_penalty=alpha)
+    print(f"\nChosen: {best_name}, beam {beam}, alpha {alpha} ({norm}); scoring validation and test sets once:\n")
+    result = evaluate_run(args.run, model=best_path, beam=beam, length_penalty=alpha, length_norm=norm)
     print("| set | BLEU lowercased Moses-tokenised | sacreBLEU cased | chrF |\n|---|---|---|---|")
     for name, s in result["sets"].items():
         print(f"| {name} | {s['bleu_lc_tok']:.2f} | {s['bleu']:.2f} | {s['chrf']:.2f} |")

@@ -138,6 +138,10 @@ def test_decoding_options_override_the_run_config():
     args = parser.parse_args(["--model", "m", "--early-stopping", "--beam", "3"])
     assert decode_config(args, base) == DecodeConfig(beam=3, length_penalty=1.0, early_stopping=True)
     assert decode_config(parser.parse_args(["--model", "m"]), base) == base  # nothing given: the run's config
+    args = parser.parse_args(["--model", "m", "--length-norm", "length"])
+    assert decode_config(args, base) == DecodeConfig(beam=5, length_penalty=1.0, length_norm="length")
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        parser.parse_args(["--model", "m", "--length-norm", "average"])
     assert decode_config(parser.parse_args(["--model", "m"]), base.replace(early_stopping=True)).early_stopping
     # the run's nbest does not stand in the way of a smaller beam: only --nbest asks for more than one translation
     wide = DecodeConfig(beam=4, nbest=4)

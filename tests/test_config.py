@@ -94,6 +94,13 @@ def test_files_that_are_not_configs_get_an_error_naming_the_path(tmp_path):
         apply_overrides("model", ["train.seed=2"])
 
 
+def test_length_norm_is_a_choice():
+    assert DecodeConfig().length_norm == "gnmt"  # the paper's (tensor2tensor's) penalty
+    assert DecodeConfig(length_norm="length").length_norm == "length"
+    with pytest.raises(ConfigError, match=r"^length_norm: 'average' is not one of 'gnmt', 'length'$"):
+        DecodeConfig(length_norm="average")
+
+
 @pytest.mark.parametrize(
     "section, field, value",
     [

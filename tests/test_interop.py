@@ -284,6 +284,30 @@ def test_ctranslate2_float32_translates_token_for_token_like_us(
     assert ct2_translate(out, translator, SENTENCES, beam, 30) == our_tokens(translator, SENTENCES, beam, 30)
 
 
+def test_ctranslate2_length_normalised_nbest_equals_ours(copy_checkpoint: Path, tmp_path: Path):
+    """``length_norm="length"`` is CTranslate2's normalisation (log-probability / |Y| ** alpha) and
+    ``early_stopping`` its stopping rule: the 4-best lists agree token for token and score for score."""
+    from transduce.interop.ctranslate2 import export_ctranslate2
+
+    translator = Translator.load(copy_checkpoint)
+    ct = ctranslate2.Translator(str(export_ctranslate2(copy_checkpoint, tmp_path / "ct2")), device="cpu")
+    tok = translator.tokenizer
+    pieces = [tok.src_pieces(tok.encode_src(s)) for s in SENTENCES]
+    results = ct.translate_batch(
+        pieces, beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=30, return_scores=True
+    )
+    vocab = {p: i for i, p in enumerate(tok.tgt_pieces(range(tok.tgt_vocab_size)))}
+    cfg = translator.decode.replace(
+        beam=4, nbest=4, length_penalty=1.0, length_norm="length", early_stopping=True, max_len_a=0.0, max_len_b=30
+    )
+    src = pad_sequences([[*tok.encode_src(s), 2] for s in SENTENCES], 0)
+    with one_thread():
+        ours = generate(translator.model, src, cfg)
+    for theirs, mine in zip(results, ours):
+        assert [[vocab[p] for p in h] for h in theirs.hypotheses] == [h.tokens for h in mine]
+        assert theirs.scores == pytest.approx([h.score for h in mine], rel=1e-2, abs=1e-6)  # |Y| counts EOS in both
+
+
 def test_ctranslate2_int8_export(copy_checkpoint: Path, tmp_path: Path):
     from transduce.interop.ctranslate2 import export_ctranslate2
 

@@ -112,6 +112,21 @@ def lp(n: int, alpha: float = 0.6) -> float:
     return ((5 + n) / 6) ** alpha
 
 
+def test_oracle_average_length_norm_ranks_differently():
+    # |Y| ** 1 (fairseq's average log-probability per token): "a b" (ln 0.096 / 3 = -0.78) now beats "" (ln 0.4 / 1 =
+    # -0.92), which GNMT's ((5 + |Y|) / 6) ** 0.6 ranked second (ln 0.096 / 1.19 = -1.97); "a b c" wins both ways. The
+    # search must go on after step 2, when "a b c" is still live: its bound ln 0.384 / 13 beats the finished ones.
+    got = beam_search(Oracle([TABLE_B]), src_for(0), beam=2, nbest=2, length_penalty=1.0, length_norm="length",
+                      max_len_b=10)  # fmt: skip
+    assert_hyps(got[0], [([A, B, C], ln(0.384), ln(0.384) / 4), ([A, B], ln(0.096), ln(0.096) / 3)])
+    gnmt = beam_search(Oracle([TABLE_B]), src_for(0), beam=2, nbest=2, length_penalty=1.0, max_len_b=10)
+    assert [h.tokens for h in gnmt[0]] == [[A, B, C], []]
+    greedy = greedy_search(Oracle([TABLE_B]), src_for(0), length_penalty=0.5, length_norm="length", max_len_b=10)
+    assert_hyps(greedy, [([A, B, C], ln(0.384), ln(0.384) / 2)])  # 4 ** 0.5: only the score changes
+    with pytest.raises(ValueError, match="length_norm must be one of gnmt, length, got 'avg'"):
+        beam_search(Oracle([TABLE_B]), src_for(0), length_norm="avg")
+
+
 def assert_hyps(got: list[Hypothesis], expected: list[tuple[list[int], float, float]]) -> None:
     assert [h.tokens for h in got] == [e[0] for e in expected]
     for h, (_, log_prob, score) in zip(got, expected):
@@ -242,10 +257,14 @@ def test_beam_step_takes_top_2k_across_beams():
     assert beams[0, :3].tolist() == [0, 0, 0] and torch.isinf(s[0, 3])
 
 
-def test_length_penalty_is_gnmt():
+def test_length_penalty_is_gnmt_or_a_power_of_the_length():
     assert length_penalty(1, 0.6) == pytest.approx(1.0)
     assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
     assert length_penalty(7, 0.0) == 1.0
+    assert length_penalty(7, 0.6, "length") == pytest.approx(7.0**0.6)
+    assert length_penalty(7, 1.0, "length") == 7.0
+    assert length_penalty(7, 0.0, "length") == 1.0
+    assert length_penalty(torch.tensor([1.0, 4.0]), 0.5, "length").tolist() == [1.0, 2.0]
 
 
 def test_filter_logits_top_k_and_top_p():
@@ -281,11 +300,11 @@ def same(a: list[list[Hypothesis]], b: list[list[Hypothesis]], tol: float = 1e-4
             assert h.score == pytest.approx(k.score, abs=tol) and h.log_prob == pytest.approx(k.log_prob, abs=tol)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_cache_equals_no_cache(alpha):
+@pytest.mark.parametrize(("alpha", "norm"), [(0.0, "gnmt"), (0.6, "gnmt"), (1.0, "length")])
+def test_cache_equals_no_cache(alpha, norm):
     for seed in range(12):
         model, src = random_model(seed), random_src(seed)
-        kw = dict(beam=4, nbest=4, length_penalty=alpha, max_len_a=1.0, max_len_b=3)
+        kw = dict(beam=4, nbest=4, length_penalty=alpha, length_norm=norm, max_len_a=1.0, max_len_b=3)
         same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
 
 
@@ -301,13 +320,13 @@ def test_cache_equals_no_cache_pre_norm_learned_positions():
 def test_scores_equal_full_forward_log_probs():
     for seed in range(6):
         model, src = random_model(seed), random_src(seed)
-        for alpha in (0.0, 0.6):
-            results = beam_search(model, src, beam=4, nbest=4, length_penalty=alpha, max_len_b=4)
+        for alpha, norm in ((0.0, "gnmt"), (0.6, "gnmt"), (1.0, "length")):
+            results = beam_search(model, src, beam=4, nbest=4, length_penalty=alpha, length_norm=norm, max_len_b=4)
             for i, hyps in enumerate(results):
                 recomputed = rescore(model, src[i : i + 1].expand(len(hyps), -1), [h.tokens for h in hyps])
                 for h, r in zip(hyps, recomputed):
                     assert h.log_prob == pytest.approx(r, abs=1e-4)
-                    penalty = length_penalty(len(h.tokens) + 1, alpha)
+                    penalty = length_penalty(len(h.tokens) + 1, alpha, norm)
                     assert h.score == pytest.approx(r / penalty, abs=1e-4)
         greedy = greedy_search(model, src, max_len_b=4)
         assert [h.log_prob for h in greedy] == pytest.approx(rescore(model, src, [h.tokens for h in greedy]), abs=1e-4)
@@ -362,6 +381,10 @@ def test_generate_dispatches_on_config():
     same(generate(model, src, cfg), beam_search(model, src, beam=3, nbest=2, max_len_b=4))
     cfg = DecodeConfig(beam=3, nbest=2, max_len_b=4, early_stopping=True)
     same(generate(model, src, cfg), beam_search(model, src, beam=3, nbest=2, max_len_b=4, early_stopping=True))
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_b=4, length_penalty=1.0, length_norm="length")
+    want = beam_search(model, src, beam=3, nbest=2, max_len_b=4, length_penalty=1.0, length_norm="length")
+    same(generate(model, src, cfg), want)
+    assert want != beam_search(model, src, beam=3, nbest=2, max_len_b=4, length_penalty=1.0)  # the scores differ
     oracle = Oracle([TABLE_B])
     generate(oracle, src_for(0), DecodeConfig(beam=2, max_len_b=10, early_stopping=True))
     assert oracle.calls == 2

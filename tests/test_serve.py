@@ -91,7 +91,12 @@ def test_translate_equals_translator_with_default_and_other_options(client, refe
     assert got[3] == got[4] == ""
     assert all(got[i] for i in range(len(got)) if sentences[i].strip())
     assert sum(a == b for a, b in zip(got, sentences) if a) >= 3  # the copy model mostly copies: a real model ran
-    for options in ({"beam": 1}, {"length_penalty": 1.5}, {"beam": 2, "length_penalty": 0.0, "max_len_b": 3}):
+    for options in (
+        {"beam": 1},
+        {"length_penalty": 1.5},
+        {"length_penalty": 1.0, "length_norm": "length"},
+        {"beam": 2, "length_penalty": 0.0, "max_len_b": 3},
+    ):
         got = client.post("/translate", json={"sentences": sentences, **options}).json()["translations"]
         assert got == reference.translate(sentences, **options), options
 
@@ -207,6 +212,7 @@ def test_limits_answer_413_with_json_naming_the_limit(client):
         (b'{"sentences": ["a"], "beam": 9}', "beam: Input should be less than or equal to 8"),
         (b'{"sentences": ["a"], "beam": "4"}', "beam: Input should be a valid integer"),
         (b'{"sentences": ["a"], "length_penalty": -1}', "length_penalty: Input should be greater than or equal to 0"),
+        (b'{"sentences": ["a"], "length_norm": "avg"}', "length_norm: Input should be 'gnmt' or 'length'"),
         (b'{"sentences": ["a"], "beem": 2}', "beem: Extra inputs are not permitted"),
         (b'{"sentence": ["a"]}', "sentences: Field required"),
         (b"[]", "Input should be a valid dictionary"),

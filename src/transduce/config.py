@@ -361,12 +361,16 @@ class TrainConfig(_Section):
                 raise ConfigError(f"{name}: must be in [0, 1), got {getattr(self, name)!r}")
 
 
+LENGTH_NORMS = ("gnmt", "length")  # the forms of the length penalty (transduce.search.common.length_penalty)
+
+
 @dataclass
 class DecodeConfig(_Section):
     """How translations are searched (paper §6.1)."""
 
     beam: int = 4  # beam size (paper: 4); 1 is greedy
-    length_penalty: float = 0.6  # alpha of the GNMT penalty ((5 + |Y|) / 6) ** alpha; 0: raw log-probability
+    length_penalty: float = 0.6  # alpha of the length penalty; 0: rank by raw log-probability
+    length_norm: str = "gnmt"  # the penalty: "gnmt" ((5 + |Y|) / 6) ** alpha (the paper's) or "length" |Y| ** alpha
     max_len_a: float = 1.0  # maximum output length = max_len_a * source length + max_len_b (paper: + 50)
     max_len_b: int = 50
     min_len: int = 0  # no EOS before this many tokens
@@ -384,6 +388,7 @@ class DecodeConfig(_Section):
             _check_positive(name, getattr(self, name))
         for name in ("length_penalty", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram", "top_k"):
             _check_positive(name, getattr(self, name), allow_zero=True)
+        _check_choice("length_norm", self.length_norm, LENGTH_NORMS)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if self.nbest > self.beam and not self.sampling:

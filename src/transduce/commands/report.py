@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from transduce.config import LENGTH_NORMS
 from transduce.report import evaluate_run, write_report
 
 
@@ -17,12 +18,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evaluate", action="store_true", help="translate and score the sets first (else: reuse eval/)")
     p.add_argument("--model", help="checkpoint to evaluate (default: the newest average_last*, else the best)")
     p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
-    p.add_argument("--length-penalty", type=float, help="GNMT alpha (default: the run's decode.length_penalty)")
+    p.add_argument("--length-penalty", type=float, help="penalty alpha (default: the run's decode.length_penalty)")
+    p.add_argument("--length-norm", choices=LENGTH_NORMS, help="gnmt or length (default: the run's decode.length_norm)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.evaluate:
-        decode = {k: v for k, v in (("beam", args.beam), ("length_penalty", args.length_penalty)) if v is not None}
+        given = {"beam": args.beam, "length_penalty": args.length_penalty, "length_norm": args.length_norm}
+        decode = {k: v for k, v in given.items() if v is not None}
         result = evaluate_run(args.run_dir, model=args.model, **decode)
         print(json.dumps(result["sets"], indent=2, ensure_ascii=False))
     print(f"report: {write_report(args.run_dir)}")

@@ -21,7 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from transduce.config import DecodeConfig
+from transduce.config import LENGTH_NORMS, DecodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ _DECODE_OPTIONS = {
     "beam": "beam",
     "nbest": "nbest",
     "length_penalty": "length_penalty",
+    "length_norm": "length_norm",
     "max_len_a": "max_len_a",
     "max_len_b": "max_len_b",
     "min_len": "min_len",
@@ -61,7 +62,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("decoding (default: the run's decode config)")
     g.add_argument("--beam", type=int, metavar="K", help="beam size; 1 is greedy")
-    g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="GNMT length penalty alpha; 0: off")
+    g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="length penalty alpha; 0: off")
+    g.add_argument(
+        "--length-norm", choices=LENGTH_NORMS,
+        help="the penalty's form: gnmt ((5 + |Y|) / 6) ** ALPHA (the paper's) or length |Y| ** ALPHA (fairseq's)",
+    )  # fmt: skip
     g.add_argument("--max-len-a", type=float, metavar="A", help="maximum output length = A * input length + B")
     g.add_argument("--max-len-b", type=int, metavar="B")
     g.add_argument("--min-len", type=int, metavar="N", help="no EOS before N tokens")

@@ -530,6 +530,13 @@ def _model_card(config: Config, source: str | Path) -> str:
         if config.data.lowercase
         else ""
     )
+    if d.length_norm == "length":
+        penalty = "Both transduce and Hugging Face divide a hypothesis's log-probability by |Y| ** length_penalty."
+    else:
+        penalty = (
+            f"transduce's length penalty is GNMT's ((5 + |Y|) / 6) ** {d.length_penalty}; Hugging Face divides by\n"
+            "|Y| ** length_penalty instead, so n-best orders can differ where the penalty decides."
+        )
     return f"""---
 library_name: transformers
 pipeline_tag: translation
@@ -549,9 +556,7 @@ batch = tok(["A sentence to translate."], return_tensors="pt", padding=True)
 print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
-Decoding defaults (generation_config.json): beam {d.beam}. transduce's length penalty is GNMT's
-((5 + |Y|) / 6) ** {d.length_penalty}; Hugging Face divides by |Y| ** length_penalty instead, so n-best orders can
-differ where the penalty decides.
+Decoding defaults (generation_config.json): beam {d.beam}, length_penalty {d.length_penalty}. {penalty}
 """
 
 

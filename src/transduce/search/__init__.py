@@ -50,7 +50,9 @@ def generate(
         For each sentence, a list of hypotheses, best first (``cfg.nbest`` of them; one for greedy).
     """
     lengths = dict(max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len)
-    common = dict(length_penalty=cfg.length_penalty, no_repeat_ngram=cfg.no_repeat_ngram, **lengths)
+    common = dict(
+        length_penalty=cfg.length_penalty, length_norm=cfg.length_norm, no_repeat_ngram=cfg.no_repeat_ngram, **lengths
+    )
     if cfg.sampling:
         return sample(
             model, src, num_samples=cfg.nbest, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

@@ -30,7 +30,7 @@ from transduce.search.common import (
     max_lengths,
     next_token_log_probs,
 )
-from transduce.search.common import length_penalty as gnmt_penalty
+from transduce.search.common import length_penalty as penalty
 
 
 def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -131,6 +131,7 @@ def beam_search(
     *,
     beam: int = 4,
     length_penalty: float = 0.6,
+    length_norm: str = "gnmt",
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
@@ -145,7 +146,9 @@ def beam_search(
         model: a :class:`SearchModel` in eval mode.
         src: (B, S) source ids, right-padded, each row ending with EOS.
         beam: beam size (the paper: 4).
-        length_penalty: GNMT alpha (the paper: 0.6); 0 ranks by raw log-probability.
+        length_penalty: alpha of the length penalty (the paper: GNMT's, 0.6); 0 ranks by raw log-probability.
+        length_norm: the penalty's form: ``"gnmt"`` ``((5 + |Y|) / 6) ** alpha`` (the paper's) or ``"length"``
+            ``|Y| ** alpha`` (fairseq's, Hugging Face's, CTranslate2's).
         max_len_a, max_len_b: the maximum output length is ``floor(a * src_len + b)`` tokens before EOS.
         min_len: no EOS before this many tokens.
         no_repeat_ngram: block repeated n-grams of this size (0: off).
@@ -160,7 +163,7 @@ def beam_search(
     """
     if beam < 1 or not 1 <= nbest <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
-    check_length_penalty(length_penalty)
+    check_length_penalty(length_penalty, length_norm)
     cfg = model.config
     device = src.device
     n = src.shape[0]
@@ -207,7 +210,7 @@ def beam_search(
             for (i, r), sent in zip(idx, sents):
                 row = i * width + int(cand_beams[i, r])
                 lp = float(cand_scores[i, r])
-                finished.add(sent, Hypothesis(history[row].tolist(), final_score(lp, step + 1, alpha), lp))
+                finished.add(sent, Hypothesis(history[row].tolist(), final_score(lp, step + 1, alpha, length_norm), lp))
 
         # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
         rank = torch.where(cand_eos, beam_offsets + 2 * beam, beam_offsets)
@@ -234,7 +237,7 @@ def beam_search(
         done = finished.count.index_select(0, alive).ge(beam)
         if not early_stopping:
             sent_limit = limit.index_select(0, alive)
-            bound = best_live / gnmt_penalty(sent_limit.float() + 1, alpha) if alpha > 0 else best_live
+            bound = best_live / penalty(sent_limit.float() + 1, alpha, length_norm) if alpha > 0 else best_live
             done &= bound <= finished.worst.index_select(0, alive)
         done |= torch.isinf(best_live)
         if bool(done.any()):

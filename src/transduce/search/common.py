@@ -8,9 +8,11 @@ Conventions (for every function of :mod:`transduce.search`):
 - The decoder starts from BOS; a hypothesis's ``tokens`` exclude BOS and the final EOS. Every hypothesis ends with EOS:
   when the maximum length is reached EOS is forced, and its (possibly low) log-probability is counted.
 - ``log_prob`` is the sum of the model's log-probabilities of ``tokens + [EOS]`` (the unmodified distribution:
-  constraints and temperature only decide what may be chosen). ``score`` is ``log_prob / lp(|Y|)`` with the GNMT
-  penalty ``lp(|Y|) = ((5 + |Y|) / 6) ** alpha`` when alpha > 0, else ``log_prob``. ``|Y|`` counts the EOS, as in
-  tensor2tensor, the implementation the paper used.
+  constraints and temperature only decide what may be chosen). ``score`` is ``log_prob / lp(|Y|)`` when alpha > 0,
+  else ``log_prob``, with the GNMT penalty ``lp(|Y|) = ((5 + |Y|) / 6) ** alpha`` (``length_norm="gnmt"``, the
+  paper's) or ``lp(|Y|) = |Y| ** alpha`` (``length_norm="length"``: fairseq's, Hugging Face's and CTranslate2's
+  length normalisation; alpha 1 is the average log-probability per token). ``|Y|`` counts the EOS, as in
+  tensor2tensor, the implementation the paper used, and in fairseq.
 - The maximum output length is ``floor(max_len_a * src_len + max_len_b)`` tokens before the EOS, where ``src_len``
   counts the real source tokens (neither padding nor EOS): the paper's "input length + 50" with a = 1, b = 50.
   Models with learned positions are capped at ``max_positions - 1`` tokens.
@@ -25,6 +27,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from transduce.config import LENGTH_NORMS
 
 NEG_INF = float("-inf")
 
@@ -58,16 +62,17 @@ class SearchModel(Protocol):
     def decode(self, tgt: Tensor, memory: Any, cache: Any = None) -> tuple[Tensor, Any]: ...
 
 
-def length_penalty(length: int | float | Tensor, alpha: float) -> Any:
-    """The GNMT length penalty ``((5 + length) / 6) ** alpha`` (1 when alpha is 0)."""
+def length_penalty(length: int | float | Tensor, alpha: float, norm: str = "gnmt") -> Any:
+    """The length penalty a hypothesis's log-probability is divided by (1 when alpha is 0): GNMT's
+    ``((5 + length) / 6) ** alpha`` (``norm="gnmt"``) or ``length ** alpha`` (``norm="length"``)."""
     if alpha == 0:
         return 1.0 if not isinstance(length, Tensor) else torch.ones_like(length, dtype=torch.float32)
-    return ((5 + length) / 6) ** alpha
+    return (((5 + length) / 6) if norm == "gnmt" else length) ** alpha
 
 
-def final_score(log_prob: float, length: int, alpha: float) -> float:
+def final_score(log_prob: float, length: int, alpha: float, norm: str = "gnmt") -> float:
     """Score of a finished hypothesis of ``length`` tokens, EOS included."""
-    return log_prob / length_penalty(length, alpha) if alpha > 0 else log_prob
+    return log_prob / length_penalty(length, alpha, norm) if alpha > 0 else log_prob
 
 
 def source_lengths(src: Tensor, config: Any) -> Tensor:
@@ -213,6 +218,8 @@ def next_token_log_probs(logits: Tensor) -> Tensor:
     return torch.log_softmax(last, dim=-1, out=last)  # row-wise: each row is read whole before it is written
 
 
-def check_length_penalty(alpha: float) -> None:
+def check_length_penalty(alpha: float, norm: str = "gnmt") -> None:
     if not (alpha >= 0 and math.isfinite(alpha)):
         raise ValueError(f"length_penalty must be a finite number >= 0, got {alpha!r}")
+    if norm not in LENGTH_NORMS:
+        raise ValueError(f"length_norm must be one of {', '.join(LENGTH_NORMS)}, got {norm!r}")

@@ -30,6 +30,7 @@ def _decode_rows(
     *,
     copies: int,
     length_penalty: float,
+    length_norm: str,
     max_len_a: float,
     max_len_b: int,
     min_len: int,
@@ -37,7 +38,7 @@ def _decode_rows(
 ) -> list[Hypothesis]:
     """Extend ``copies`` rows per sentence until each produces EOS; returns the rows' hypotheses in row order
     (sentence-major)."""
-    check_length_penalty(length_penalty)
+    check_length_penalty(length_penalty, length_norm)
     cfg = model.config
     device = src.device
     rows = src.shape[0] * copies
@@ -67,7 +68,7 @@ def _decode_rows(
         if bool(ended.any()):
             idx = ended.nonzero().squeeze(1)
             for i, row, lp in zip(idx.tolist(), alive[idx].tolist(), log_prob[idx].tolist()):
-                out[row] = Hypothesis(history[i].tolist(), final_score(lp, step + 1, length_penalty), lp)
+                out[row] = Hypothesis(history[i].tolist(), final_score(lp, step + 1, length_penalty, length_norm), lp)
             keep = (~ended).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
@@ -86,6 +87,7 @@ def greedy_search(
     src: Tensor,
     *,
     length_penalty: float = 0.0,
+    length_norm: str = "gnmt",
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
@@ -96,14 +98,14 @@ def greedy_search(
     Args:
         model: a :class:`SearchModel` in eval mode.
         src: (B, S) source ids, right-padded, each row ending with EOS.
-        length_penalty: only changes the reported ``score`` (GNMT alpha), never the tokens.
+        length_penalty, length_norm: only change the reported ``score``, never the tokens.
         max_len_a, max_len_b, min_len, no_repeat_ngram: as for :func:`transduce.search.beam_search`.
     Returns:
         One hypothesis per sentence.
     """
     return _decode_rows(
-        model, src, lambda lp: lp.argmax(dim=-1), copies=1, length_penalty=length_penalty, max_len_a=max_len_a,
-        max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+        model, src, lambda lp: lp.argmax(dim=-1), copies=1, length_penalty=length_penalty, length_norm=length_norm,
+        max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
     )  # fmt: skip
 
 
@@ -140,6 +142,7 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     length_penalty: float = 0.0,
+    length_norm: str = "gnmt",
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
@@ -163,8 +166,8 @@ def sample(
         return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
 
     rows = _decode_rows(
-        model, src, pick, copies=num_samples, length_penalty=length_penalty, max_len_a=max_len_a,
-        max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+        model, src, pick, copies=num_samples, length_penalty=length_penalty, length_norm=length_norm,
+        max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
     )  # fmt: skip
     groups = [rows[i : i + num_samples] for i in range(0, len(rows), num_samples)]
     return [sorted(g, key=lambda h: -h.score) for g in groups]
