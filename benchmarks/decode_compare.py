@@ -14,9 +14,10 @@ BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``to
 
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
-does: the ``-early`` decoders (beam search only). Length penalties differ by design: transduce uses GNMT's
-((5 + |Y|) / 6) ** 0.6, Hugging Face and CTranslate2 divide by |Y| ** 1 (their default). Speed hardly depends on
-it; BLEU is reported per decoder.
+does: the ``-early`` decoders (beam search only). Length penalties: transduce uses GNMT's ((5 + |Y|) / 6) ** 0.6
+by default, Hugging Face and CTranslate2 divide by |Y| ** 1 (their default); ``--length-norm length
+--length-penalty 1.0`` gives transduce theirs, so that ``ours-early`` decodes by CTranslate2's rules exactly (the
+same n-best lists and scores, ``tests/test_interop.py``). Speed hardly depends on it; BLEU is reported per decoder.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
 
 
 class Ours:
-    def __init__(self, translator: Translator, name: str, early_stopping: bool = False) -> None:
-        self.tr, self.name, self.early_stopping = translator, name, early_stopping
+    def __init__(self, translator: Translator, name: str, decode: DecodeConfig) -> None:
+        self.tr, self.name, self.decode = translator, name, decode
+        self.early_stopping = decode.early_stopping
 
     def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
         c = self.tr.model.config
-        cfg = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=MAX_EXTRA, early_stopping=self.early_stopping)
+        cfg = self.decode.replace(beam=beam)
         out = []
         for batch in batches:
             src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
@@ -146,6 +148,8 @@ def main() -> None:
     ap.add_argument("--decoders", default="ours,ours-early,ours-int8,ours-int8-early,hf,ct2,ct2-int8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--length-penalty", type=float, default=0.6, help="transduce's alpha (default: the paper's 0.6)")
+    ap.add_argument("--length-norm", default="gnmt", help="transduce's penalty: gnmt or length (|Y| ** alpha)")
     args = ap.parse_args()
     if not args.src and not args.sentences:
         args.sentences = 500
@@ -177,7 +181,11 @@ def main() -> None:
         ("ours-int8-early", int8, "transduce int8, early stopping", True),
     ]:
         if name in wanted:
-            decoders.append(Ours(tr, label, early))
+            decode = DecodeConfig(
+                max_len_a=1.0, max_len_b=MAX_EXTRA, early_stopping=early, length_penalty=args.length_penalty,
+                length_norm=args.length_norm,
+            )  # fmt: skip
+            decoders.append(Ours(tr, label, decode))
     if "hf" in wanted:
         problems = export_problems(translator.model.config)
         if problems:
@@ -196,7 +204,8 @@ def main() -> None:
     lowercase = bool(getattr(tok, "lowercase", False))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
     print(f"model {source}: {translator.model.num_parameters():,} parameters; {len(ids)} sentences; "
-          f"median of {args.reps}\n")  # fmt: skip
+          f"median of {args.reps}; transduce's length penalty: {args.length_norm}, "
+          f"alpha {args.length_penalty}\n")  # fmt: skip
 
     print("| mode | batch | decoder | sent/s | output tok/s | vs CTranslate2 fp32 | BLEU | lc-tok BLEU |")
     print("|---|---|---|---|---|---|---|---|")
