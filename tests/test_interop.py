@@ -92,6 +92,19 @@ def test_hf_generate_gives_our_translations(copy_checkpoint: Path, hf_export: Pa
     assert tok.batch_decode(out, skip_special_tokens=True) == ours
 
 
+def test_hf_export_carries_the_decoding_settings(copy_checkpoint: Path, tmp_path: Path):
+    model, config, vocab_dir = load_model(copy_checkpoint)
+    decode = config.decode.replace(beam=5, length_penalty=1.0, length_norm="length", early_stopping=True)
+    ckpt = save_model(tmp_path / "ckpt", model, config.replace(decode=decode), vocab_dir)
+    out = export_hf(ckpt, tmp_path / "hf")
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"], generation["early_stopping"]) == (5, 1.0, True)
+    card = (out / "README.md").read_text()
+    assert "beam 5, length_penalty 1.0. Both transduce and Hugging Face divide" in card
+    default = (export_hf(copy_checkpoint, tmp_path / "default") / "README.md").read_text()
+    assert "transduce's length penalty is GNMT's" in default
+
+
 def test_hf_export_refuses_pre_norm_with_the_reason(copy_checkpoint: Path, tmp_path: Path):
     _, config, vocab_dir = load_model(copy_checkpoint)
     pre = config.model.replace(norm="pre")

@@ -499,6 +499,7 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
         forced_eos_token_id=c.eos_id,
         num_beams=d.beam,
         length_penalty=d.length_penalty,
+        early_stopping=d.early_stopping,  # True: stop at num_beams finished hypotheses, as our early_stopping
         max_length=min(512, c.max_positions),  # as opus-mt; Hugging Face's default of 20 cuts translations short
         bad_words_ids=bad,
     )
