@@ -44,7 +44,10 @@ MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
 class Ours:
     def __init__(self, translator: Translator, name: str, decode: DecodeConfig) -> None:
         self.tr, self.name, self.decode = translator, name, decode
-        self.early_stopping = decode.early_stopping
+
+    @property
+    def early_stopping(self) -> bool:
+        return self.decode.early_stopping
 
     def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
         c = self.tr.model.config

@@ -40,6 +40,10 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="training run directory")
@@ -47,7 +51,7 @@ def main() -> None:
     ap.add_argument("--beams", type=ints, default=[4, 5])
     ap.add_argument("--alphas", type=floats, default=[0.6, 1.0])
     ap.add_argument(
-        "--norms", type=lambda t: [x for x in t.split(",") if x], default=None,
+        "--norms", type=names, default=None,
         help="length penalty forms to try: gnmt, length (DecodeConfig.length_norm; default: the run's)",
     )  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")

@@ -18,7 +18,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -361,7 +361,8 @@ class TrainConfig(_Section):
                 raise ConfigError(f"{name}: must be in [0, 1), got {getattr(self, name)!r}")
 
 
-LENGTH_NORMS = ("gnmt", "length")  # the forms of the length penalty (transduce.search.common.length_penalty)
+LengthNorm = Literal["gnmt", "length"]  # the forms of the length penalty (transduce.search.common.length_penalty)
+LENGTH_NORMS: tuple[str, ...] = get_args(LengthNorm)
 
 
 @dataclass

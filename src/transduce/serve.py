@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from transduce.config import ConfigError
+from transduce.config import ConfigError, LengthNorm
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def _request_models(max_beam: int) -> tuple[type[BaseModel], type[BaseModel]]:
         sentences: list[str] = Field(description="source sentences; an empty one translates to an empty string")
         beam: int | None = Field(None, ge=1, le=max_beam, description="beam size; 1 is greedy")
         length_penalty: float | None = Field(None, ge=0, allow_inf_nan=False, description="penalty alpha; 0: off")
-        length_norm: Literal["gnmt", "length"] | None = Field(
+        length_norm: LengthNorm | None = Field(
             None, description="the penalty: gnmt ((5 + |Y|) / 6) ** alpha, or length |Y| ** alpha (fairseq's)"
         )
         max_len_a: float | None = Field(None, ge=0, le=4, allow_inf_nan=False, description="max length = a*S + b")
@@ -341,7 +341,7 @@ def _request_models(max_beam: int) -> tuple[type[BaseModel], type[BaseModel]]:
         target: str | None = Field(None, description="its translation (default: the model's, with these options)")
         beam: int | None = Field(None, ge=1, le=max_beam)
         length_penalty: float | None = Field(None, ge=0, allow_inf_nan=False)
-        length_norm: Literal["gnmt", "length"] | None = None
+        length_norm: LengthNorm | None = None
 
     return TranslateRequest, AttentionRequest
 
