@@ -1,5 +1,7 @@
 """Beam search with and without its optional speed-ups, side by side on one model and one set of sentences:
-the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``) and early stopping (``DecodeConfig.early_stopping``).
+the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``), early stopping (``DecodeConfig.early_stopping``) and
+oneDNN with packed weights for every linear layer, not only the pre-softmax projection
+(``transduce.model.packed.ONEDNN_LAYERS``).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/beam_variants.py \\
         --model runs/multi30k_en_de --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+import transduce.model.packed as packed_module
 import transduce.search.beam as beam_module
 from transduce.config import DecodeConfig
 from transduce.evaluate import score_tokenized_lowercase
@@ -35,10 +38,11 @@ from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
 from transduce.translate import Translator
 
-VARIANTS = {  # name: (chunked top-k, early stopping)
-    "torch.topk, exact stop": (False, False),
-    "chunked top-k, exact stop": (True, False),
-    "chunked top-k, early stopping": (True, True),
+VARIANTS = {  # name: (chunked top-k, early stopping, oneDNN for every linear layer)
+    "torch.topk, exact stop": (False, False, False),
+    "chunked top-k, exact stop": (True, False, False),
+    "chunked top-k, early stopping": (True, True, False),
+    "chunked top-k, early stopping, oneDNN layers": (True, True, True),
 }
 
 
@@ -83,13 +87,13 @@ def main() -> None:
     outputs: dict[str, list[list[int]]] = {}
     try:
         for _ in range(args.reps):
-            for name, (chunked, early) in VARIANTS.items():
-                beam_module.CHUNKED_TOPK = chunked
+            for name, (chunked, early, layers) in VARIANTS.items():
+                beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS = chunked, layers
                 t0 = time.perf_counter()
                 outputs[name] = run(early)
                 times[name].append(time.perf_counter() - t0)
     finally:
-        beam_module.CHUNKED_TOPK = True
+        beam_module.CHUNKED_TOPK = packed_module.ONEDNN_LAYERS = True
     refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
     lang = Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1] if args.ref else ""
     first = next(iter(VARIANTS))
@@ -134,14 +138,9 @@ def main() -> None:
 
 
 def time_steps(model, make_batches, sizes: list[int], args: argparse.Namespace) -> None:
-    """Decoder calls and time per call of the default beam search (chunked top-k, early stopping) by batch size."""
-    if args.compile:
-        import transduce.model.layers as layers
-
-        def extend(past: torch.Tensor, new: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
-            return torch.cat([past if order is None else past.index_select(0, order), new], dim=2)
-
-        layers._extend = extend  # the eager version writes into a view with out=, which compiled graphs refuse
+    """Decoder calls and time per call of the default beam search (chunked top-k, early stopping, oneDNN layers)
+    by batch size."""
+    if args.compile:  # (the cache's gather with out= stays outside the compiled graph, in Transformer.decode)
         torch._dynamo.config.recompile_limit = 64  # first steps, row counts of 1, groups: a few graphs each
         model._decode_layers = torch.compile(model._decode_layers, dynamic=True)
     calls = 0

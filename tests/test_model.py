@@ -11,7 +11,7 @@ from torch import nn
 
 from transduce import ModelConfig, Transformer
 from transduce.model import causal_mask, padding_mask, sinusoid
-from transduce.model import transformer as transformer_module
+from transduce.model import packed as packed_module
 from transduce.special import BOS_ID, PAD_ID
 
 V = 40
@@ -109,6 +109,27 @@ def test_incremental_decoding_equals_full_forward(norm):
         first, cache = model.decode(tgt[:, :4], memory)
         rest, _ = model.decode(tgt[:, 4:], memory, cache)
         assert torch.allclose(torch.cat([first, rest], 1), full, atol=1e-5)
+
+
+def test_incremental_decoding_under_autograd_equals_the_full_forward_and_its_gradients():
+    """Outside inference mode each layer gets its own cache tensor (in-place writes into one shared tensor would
+    spoil what earlier layers saved for backward), and the gather of re-indexed rows records its gradient."""
+    model = make("pre")
+    src, tgt = batch()
+    full = model(src, tgt)
+    full.square().sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    memory = model.encode(src)
+    first, cache = model.decode(tgt[:, :3], memory)
+    assert cache.self_kv.requires_grad and cache.self_kv.shape[4] == 3
+    second, cache = model.decode(tgt[:, 3:5], memory, cache.reorder(torch.arange(3)))  # a gather, not a copy
+    rest, _ = model.decode(tgt[:, 5:], memory, cache)
+    steps = torch.cat([first, second, rest], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    steps.square().sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_decode_does_not_modify_the_cache_passed_in():
@@ -374,29 +395,52 @@ def test_seeded_initialisation_is_reproducible_across_processes():
     assert len(digests) == 1
 
 
-@pytest.mark.skipif(not transformer_module.ONEDNN_OUTPUT, reason="this torch build has no oneDNN linear")
-def test_output_projection_through_onednn_equals_linear_and_follows_weight_changes():
+ONEDNN_REASON = "this torch build has no oneDNN linear"
+
+
+@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
     torch.manual_seed(0)
     lin = nn.Linear(16, 50).eval()
     x = torch.randn(3, 5, 16)
     with torch.inference_mode():
-        out = transformer_module.project(lin, x)
-        assert id(lin.weight) in transformer_module._PACKED  # the packed path was taken
+        out = packed_module.project(lin, x)
+        assert id(lin.weight) in packed_module._PACKED  # the packed path was taken
         torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(transformer_module.project(lin, x[:, 0]), F.linear(x[:, 0], lin.weight, lin.bias))
+        torch.testing.assert_close(packed_module.project(lin, x[:, 0]), F.linear(x[:, 0], lin.weight, lin.bias))
+        relu = packed_module.project(lin, x, "relu")  # the fused activation
+        torch.testing.assert_close(relu, F.relu(F.linear(x, lin.weight, lin.bias)), atol=1e-5, rtol=1e-5)
+        assert bool(relu.eq(0).any()) and bool(relu.ge(0).all())
     with torch.no_grad():
         lin.weight.mul_(-2.0)  # an in-place update (as the optimizer makes) must not leave a stale packed copy
-        torch.testing.assert_close(transformer_module.project(lin, x), F.linear(x, lin.weight, lin.bias))
-    y = transformer_module.project(lin, x)  # with autograd: the plain linear, so that gradients flow
+        torch.testing.assert_close(packed_module.project(lin, x), F.linear(x, lin.weight, lin.bias))
+    y = packed_module.project(lin, x, "relu")  # with autograd: the plain linear, so that gradients flow
+    torch.testing.assert_close(y, F.relu(F.linear(x, lin.weight, lin.bias)))
     y.sum().backward()
     assert lin.weight.grad is not None
     wid = id(lin.weight)
     del lin, y
-    assert wid not in transformer_module._PACKED  # the packed copy goes with its weight
+    assert wid not in packed_module._PACKED  # the packed copy goes with its weight
 
 
-@pytest.mark.skipif(not transformer_module.ONEDNN_OUTPUT, reason="this torch build has no oneDNN linear")
-def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_output_weight():
+@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+def test_inference_packs_every_linear_layer_and_only_the_output_one_when_layers_are_off(monkeypatch):
+    model = make(norm="pre", tie_output=False)
+    src, tgt = batch()
+    linears = {id(m.weight) for m in model.modules() if type(m) is nn.Linear}
+    assert len(linears) == 1 + 4 * len(model.encoder_layers) + 7 * len(model.decoder_layers)
+    with torch.inference_mode():
+        model(src, tgt)
+        assert linears <= set(packed_module._PACKED)
+        model.train().eval()  # a switch of mode drops them all
+        assert not linears & set(packed_module._PACKED)
+        monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", False)
+        model(src, tgt)
+    assert linears & set(packed_module._PACKED) == {id(model.output.weight)}
+
+
+@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypatch):
     """Fused Adam writes the weights without moving their version counters: packed copies exist only in eval
     mode and go at every switch of mode (validation switches to eval mode), so the update cannot be missed."""
     model = make(norm="pre", tie_output=False)
@@ -404,12 +448,12 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_output_weight():
     opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
     model.eval()
     with torch.no_grad():
-        model(src, tgt)  # packs the output weight
-    assert id(model.output.weight) in transformer_module._PACKED
+        before = model(src, tgt)  # packs the weights
+    assert id(model.output.weight) in packed_module._PACKED
     model.train()
     with torch.no_grad():
         model(src, tgt)  # in training mode nothing is packed, even outside autograd
-    assert id(model.output.weight) not in transformer_module._PACKED
+    assert not set(packed_module._PACKED) & {id(p) for p in model.parameters()}
     model(src, tgt).square().mean().backward()
     version = model.output.weight._version
     opt.step()
@@ -417,15 +461,19 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_output_weight():
     model.eval()
     with torch.no_grad():
         logits = model(src, tgt)
-        x, _, _ = model._decode_layers(tgt, None, model.encode(src).mask, None, False, memory=model.encode(src))
-    torch.testing.assert_close(logits, F.linear(x, model.output.weight, model.output.bias), atol=1e-5, rtol=1e-5)
+        monkeypatch.setattr(packed_module, "ONEDNN", False)
+        plain = model(src, tgt)
+    assert not torch.allclose(logits, before, atol=1e-3)
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
 
 
-def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch):
+@pytest.mark.parametrize("layers", [True, False])
+def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch, layers):
     model = make(norm="pre")
     src, tgt = batch()
+    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", layers)
     with torch.inference_mode():
         fast, _ = model.decode(tgt, model.encode(src))
-        monkeypatch.setattr(transformer_module, "ONEDNN_OUTPUT", False)
+        monkeypatch.setattr(packed_module, "ONEDNN", False)
         plain, _ = model.decode(tgt, model.encode(src))
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)

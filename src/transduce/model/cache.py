@@ -45,11 +45,13 @@ class DecoderCache:
     and the decoder attends with the queries of a whole group at once.
 
     Re-indexing rows does not copy the self-attention keys/values: it records the new ``order`` of their rows, and
-    the next :meth:`Transformer.decode` gathers them in that order while appending the new position, one copy of the
-    cache per step instead of two (``index_select`` then ``torch.cat``).
+    the next :meth:`Transformer.decode` gathers them in that order into a new tensor with room for the new
+    positions, one copy of the cache per step instead of two (``index_select`` then ``torch.cat``). The keys and
+    values of all layers live in one tensor, so that this takes one operation per step, not two per layer.
 
     Attributes:
-        self_kv: per decoder layer, the self-attention (k, v) of every position decoded so far, each (B', h, t, d_k).
+        self_kv: (layers, 2, B', h, t, d_k): ``self_kv[i]`` is decoder layer i's self-attention keys (``[i, 0]``)
+            and values (``[i, 1]``) of every position decoded so far.
         cross_kv: per decoder layer, the cross-attention (k, v) of the encoder output, each (B / group, h, S, d_k);
             computed once per source sentence.
         memory_mask: (B / group, 1, 1, S) bool source mask, or None.
@@ -57,7 +59,7 @@ class DecoderCache:
         order: (B,) long: row ``r`` of the batch is row ``order[r]`` of ``self_kv``; None: the identity (B' = B).
     """
 
-    self_kv: tuple[KV, ...]
+    self_kv: Tensor
     cross_kv: tuple[KV, ...]
     memory_mask: Tensor | None
     group: int = 1
@@ -66,17 +68,15 @@ class DecoderCache:
     @property
     def length(self) -> int:
         """Number of target positions already in the cache (the next token's position)."""
-        return self.self_kv[0][0].shape[2] if self.self_kv else 0
+        return self.self_kv.shape[4]
 
     @property
     def batch_size(self) -> int:
         return self.cross_kv[0][0].shape[0] * self.group
 
-    def rows(self) -> tuple[KV, ...]:
+    def rows(self) -> Tensor:
         """``self_kv`` in the batch's row order (a copy when rows were re-indexed since the last decoding step)."""
-        if self.order is None:
-            return self.self_kv
-        return tuple((k.index_select(0, self.order), v.index_select(0, self.order)) for k, v in self.self_kv)
+        return self.self_kv if self.order is None else self.self_kv.index_select(2, self.order)
 
     def _take(self, index: Tensor) -> Tensor:
         """The ``order`` after taking the batch rows ``index``."""

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transduce.model.packed import project
+
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, h, T, d_k)
 
 
@@ -190,20 +192,6 @@ class Dropout(nn.Dropout):
 # attention and feed-forward
 
 
-def _extend(past: Tensor, new: Tensor, order: Tensor | None) -> Tensor:
-    """``torch.cat([past[order], new], dim=2)`` with a single copy of ``past``: the rows are gathered straight into
-    the output (beam search re-indexes its cache every step)."""
-    if order is None:
-        return torch.cat([past, new], dim=2)
-    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):  # out= does not record gradients
-        return torch.cat([past.index_select(0, order), new], dim=2)
-    t = past.shape[2]
-    out = new.new_empty(new.shape[0], new.shape[1], t + new.shape[2], new.shape[3])
-    torch.index_select(past, 0, order, out=out[:, :, :t])
-    out[:, :, t:] = new
-    return out
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention, ``softmax(Q K^T / sqrt(d_k)) V`` over h heads (§3.2).
 
@@ -232,14 +220,16 @@ class MultiHeadAttention(nn.Module):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
 
-    def _split(self, x: Tensor) -> Tensor:
+    def _heads(self, x: Tensor, parts: int) -> Tensor:
+        """(B, T, parts * d_model) -> (parts, B, h, T, d_k), a view of ``x`` (two operations however many parts: a
+        decoding step is made of many small operations, and each costs)."""
         b, t, _ = x.shape
-        return x.view(b, t, self.heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+        return x.view(b, t, parts, self.heads, self.d_k).permute(2, 0, 3, 1, 4)
 
     def memory_kv(self, memory: Tensor) -> KV:
         """Keys and values of the encoder output for cross-attention, each (B, h, S, d_k)."""
-        k, v = self.kv(memory).chunk(2, dim=-1)
-        return self._split(k), self._split(v)
+        k, v = self._heads(project(self.kv, memory), 2).unbind(0)
+        return k, v
 
     def self_attend(
         self,
@@ -247,35 +237,37 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None,
         *,
         causal: bool = False,
-        past: KV | None = None,
-        past_order: Tensor | None = None,
+        cache: Tensor | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, KV, Tensor | None]:
-        """Self-attention of ``x`` (B, T, d_model) over itself and the cached ``past`` keys/values.
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention of ``x`` (B, T, d_model) over itself and, with a ``cache``, over earlier positions.
 
         Args:
             mask: attention mask (see module docstring) or None.
             causal: when True and ``mask`` is None, each position attends only to itself and earlier positions,
                 cached ones included.
-            past: cached (k, v) of earlier positions, prepended to this step's.
-            past_order: (B,) long, the rows of ``past`` to use, in the batch's order (see
-                :class:`~transduce.model.DecoderCache`); None: all, as they are.
+            cache: (2, B, h, t + T, d_k) whose first t positions hold the keys (``[0]``) and values (``[1]``) of
+                earlier positions in the batch's row order (see :meth:`~transduce.model.Transformer.decode`): the
+                keys and values of ``x`` are written into its last T positions, in place, and ``x`` attends over
+                all t + T.
         Returns:
-            output (B, T, d_model), the (k, v) of all positions for the cache, attention weights (B, h, T, T_all)
-            when ``need_weights`` else None.
+            output (B, T, d_model), and the attention weights (B, h, T, t + T) when ``need_weights`` else None.
         """
-        q, k, v = (self._split(t) for t in self.qkv(x).chunk(3, dim=-1))
-        if past is not None and past[0].shape[2] > 0:
-            k, v = _extend(past[0], k, past_order), _extend(past[1], v, past_order)
+        qkv = self._heads(project(self.qkv, x), 3)
+        if cache is None:
+            q, k, v = qkv.unbind(0)
+        else:
+            q = qkv[0]
+            cache.narrow(3, cache.shape[3] - q.shape[2], q.shape[2]).copy_(qkv[1:])
+            k, v = cache.unbind(0)
         is_causal = False
         if causal and mask is None:
             if k.shape[2] == q.shape[2]:
-                is_causal = True  # no cache: SDPA's own (fast) causal masking
+                is_causal = True  # no earlier positions: SDPA's own (fast) causal masking
             elif q.shape[2] > 1:
                 mask = causal_mask(q.shape[2], k.shape[2], q.device)  # several new positions after a cache
             # else: one new position after the cache may see every key
-        out, weights = self._attend(q, k, v, mask, is_causal, need_weights)
-        return out, (k, v), weights
+        return self._attend(q, k, v, mask, is_causal, need_weights)
 
     def cross_attend(
         self, x: Tensor, kv: KV, mask: Tensor | None, *, group: int = 1, need_weights: bool = False
@@ -286,7 +278,7 @@ class MultiHeadAttention(nn.Module):
         sentence); the group's queries attend together, so the keys and values are neither copied nor read once per
         row.
         """
-        q = self._split(self.q(x))  # (B, h, T, d_k)
+        q = self._heads(project(self.q, x), 1)[0]  # (B, h, T, d_k)
         if group == 1:
             return self._attend(q, kv[0], kv[1], mask, False, need_weights)
         b, h, t, d_k = q.shape
@@ -313,7 +305,7 @@ class MultiHeadAttention(nn.Module):
             weights = None
         b, h, t, d_k = out.shape
         out = out.transpose(1, 2).reshape(b, t, h * d_k)  # concat heads: (B, T, d_model)
-        return self.out(out), weights
+        return project(self.out, out), weights
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -333,7 +325,9 @@ class FeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.dropout(self.act(self.w1(x))))
+        if self.act is F.relu and not self.training:  # inference: ReLU fused into the first product
+            return project(self.w2, project(self.w1, x, "relu"))
+        return project(self.w2, self.dropout(self.act(project(self.w1, x))))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -353,7 +347,7 @@ class _Residual(nn.Module):
         return norm(x) if self.pre_norm else x
 
     def add(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = x + self.dropout(y)
+        x = x + (self.dropout(y) if self.training else y)  # (no module call in inference: each one costs)
         return x if self.pre_norm else norm(x)
 
 
@@ -371,7 +365,7 @@ class EncoderLayer(nn.Module):
         self.res = _Residual(cfg.norm == "pre", cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        a, _, weights = self.self_attn.self_attend(self.res.inp(x, self.norm1), mask, need_weights=need_weights)
+        a, weights = self.self_attn.self_attend(self.res.inp(x, self.norm1), mask, need_weights=need_weights)
         x = self.res.add(x, a, self.norm1)
         x = self.res.add(x, self.ffn(self.res.inp(x, self.norm2)), self.norm2)
         return x, weights
@@ -400,20 +394,20 @@ class DecoderLayer(nn.Module):
         memory_kv: KV,
         memory_mask: Tensor | None,
         *,
-        past: KV | None,
-        past_order: Tensor | None = None,
+        cache: Tensor | None = None,
         need_weights: bool = False,
         group: int = 1,
-    ) -> tuple[Tensor, KV, tuple[Tensor | None, Tensor | None]]:
-        """Causal self-attention over ``past`` and ``x`` (B, T, d_model), then attention over the encoder output
-        (``memory_kv`` and ``memory_mask`` with one row per ``group`` rows of ``x``, see :class:`DecoderCache`).
+    ) -> tuple[Tensor, tuple[Tensor | None, Tensor | None]]:
+        """Causal self-attention over ``x`` (B, T, d_model) and, with a ``cache`` (this layer's part of the decoder
+        cache, see :meth:`MultiHeadAttention.self_attend`, which writes ``x``'s keys and values into it), earlier
+        positions; then attention over the encoder output (``memory_kv`` and ``memory_mask`` with one row per
+        ``group`` rows of ``x``, see :class:`~transduce.model.DecoderCache`).
 
         Returns:
-            x, this layer's self-attention (k, v) of all positions for the cache, and the (self, cross) attention
-            weights when ``need_weights``.
+            x, and the (self, cross) attention weights when ``need_weights``.
         """
-        a, kv, self_w = self.self_attn.self_attend(
-            self.res.inp(x, self.norm1), None, causal=True, past=past, past_order=past_order, need_weights=need_weights
+        a, self_w = self.self_attn.self_attend(
+            self.res.inp(x, self.norm1), None, causal=True, cache=cache, need_weights=need_weights
         )
         x = self.res.add(x, a, self.norm1)
         c, cross_w = self.cross_attn.cross_attend(
@@ -421,4 +415,4 @@ class DecoderLayer(nn.Module):
         )
         x = self.res.add(x, c, self.norm2)
         x = self.res.add(x, self.ffn(self.res.inp(x, self.norm3)), self.norm3)
-        return x, kv, (self_w, cross_w)
+        return x, (self_w, cross_w)

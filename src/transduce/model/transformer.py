@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -20,58 +19,7 @@ from transduce.model.layers import (
     SinusoidalPositions,
     padding_mask,
 )
-
-
-def _has_onednn_linear() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-ONEDNN_OUTPUT = _has_onednn_linear()  # set False to project with F.linear (MKL's BLAS) everywhere
-# id(weight) -> (weak reference to the weight, (data pointer, version), the weight in oneDNN's layout): built on first
-# use, rebuilt when the weight changes (training updates it in place, which bumps its version), dropped with the weight
-_PACKED: dict[int, tuple] = {}
-
-
-def _packed_weight(weight: Tensor) -> Tensor:
-    wid, key = id(weight), (weight.data_ptr(), weight._version)
-    entry = _PACKED.get(wid)
-    if entry is None or entry[0]() is not weight or entry[1] != key:
-        ref = weakref.ref(weight, lambda _, wid=wid: _PACKED.pop(wid, None))
-        entry = _PACKED[wid] = (ref, key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
-    return entry[2]
-
-
-def forget_packed(weight: Tensor) -> None:
-    """Drop the packed copy of ``weight``, if any: the next :func:`project` packs it anew."""
-    _PACKED.pop(id(weight), None)
-
-
-def project(linear: nn.Module, x: Tensor) -> Tensor:
-    """``linear(x)``, through oneDNN with the weight kept in oneDNN's own layout when that applies: float32 inference
-    on a CPU with an ``nn.Linear`` (not a quantised one) in eval mode, outside autograd.
-
-    This is for the pre-softmax projection, the largest product of a decoding step ((rows x d_model) times
-    (d_model x vocabulary)): on this project's 2-core AMD machine MKL's BLAS reached 72 GFLOP/s on it at 128 rows
-    and 36 at 32 rows, oneDNN with the packed weight 117 and 120 (``benchmarks/decode_speed.py`` measures the
-    effect on whole searches). The packed copy costs one more weight matrix of memory while it is in use.
-
-    The copy is rebuilt when the weight's version counter moves, which every in-place PyTorch operation does, but
-    not fused optimizers (``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter
-    alone). So packed copies are made only in eval mode, :class:`Transformer` drops its own whenever it switches
-    between training and evaluation mode, and the trainer bumps the counters after each update. Code that changes
-    weights in eval mode without moving their counters must call :func:`forget_packed`.
-    """
-    applies = (
-        ONEDNN_OUTPUT and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
-        and x.dtype == torch.float32
-    )  # fmt: skip
-    if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
-        return linear(x)  # (the oneDNN op has no backward)
-    bias = linear.bias.detach() if linear.bias is not None else None
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _packed_weight(linear.weight), bias, "none", [], "")
+from transduce.model.packed import forget_packed, project
 
 
 @dataclass(frozen=True)
@@ -164,10 +112,9 @@ class Transformer(nn.Module):
     def init_cache(self, memory: Memory) -> DecoderCache:
         """An empty decoder cache holding the cross-attention keys/values of ``memory`` (computed once here)."""
         b = memory.states.shape[0]
-        h, d_k = self.config.heads, self.config.d_k
-        empty = memory.states.new_zeros(b, h, 0, d_k)
+        cfg = self.config
         return DecoderCache(
-            self_kv=tuple((empty, empty) for _ in self.decoder_layers),
+            self_kv=memory.states.new_zeros(len(self.decoder_layers), 2, b, cfg.heads, 0, cfg.d_k),
             cross_kv=tuple(layer.cross_attn.memory_kv(memory.states) for layer in self.decoder_layers),
             memory_mask=memory.mask,
         )
@@ -185,36 +132,61 @@ class Transformer(nn.Module):
         """
         if cache is None:
             cache = self.init_cache(memory)
-        x, new_kv, _ = self._decode_layers(
-            tgt, cache.cross_kv, cache.memory_mask, cache.self_kv, need_weights=False, group=cache.group,
-            order=cache.order,
+        self_kv = self._extended_self_kv(cache, tgt.shape[1])
+        x, _ = self._decode_layers(
+            tgt, cache.cross_kv, cache.memory_mask, self_kv, need_weights=False, group=cache.group,
+            offset=cache.length,
         )  # fmt: skip
-        return project(self.output, x), DecoderCache(tuple(new_kv), cache.cross_kv, cache.memory_mask, cache.group)
+        if isinstance(self_kv, list):
+            self_kv = torch.stack(self_kv)
+        return project(self.output, x, output=True), DecoderCache(
+            self_kv, cache.cross_kv, cache.memory_mask, cache.group
+        )
+
+    def _extended_self_kv(self, cache: DecoderCache, new: int) -> Tensor | list[Tensor]:
+        """The cache's self-attention keys/values gathered in the batch's row order (``cache.order``) into a new
+        tensor with ``new`` more positions, which the decoder layers fill: one copy of the cache, in one operation.
+
+        Under autograd, one tensor per layer instead (a layer's writes must not touch what another layer's
+        attention saved for its backward pass, and ``out=`` records no gradient); :meth:`decode` stacks them."""
+        past, t = cache.self_kv, cache.length
+        layers, _, _, h, _, d_k = past.shape
+        shape = (2, cache.batch_size, h, t + new, d_k)
+        if torch.is_grad_enabled():
+            past = cache.rows()
+            return [torch.cat([past[i], past.new_zeros(*shape[:3], new, d_k)], dim=3) for i in range(layers)]
+        out = past.new_empty(layers, *shape)
+        if t > 0:
+            if cache.order is None:
+                out.narrow(4, 0, t).copy_(past)
+            else:
+                torch.index_select(past, 2, cache.order, out=out.narrow(4, 0, t))
+        return out
 
     def _decode_layers(
         self,
         tgt: Tensor,
         cross_kv: tuple[KV, ...] | None,
         memory_mask: Tensor | None,
-        past: tuple[KV, ...] | None,
+        self_kv: Tensor | list[Tensor] | None,
         need_weights: bool,
         memory: Memory | None = None,
         group: int = 1,
-        order: Tensor | None = None,
-    ) -> tuple[Tensor, list[KV], tuple[list, list]]:
-        offset = past[0][0].shape[2] if past else 0
+        offset: int = 0,
+    ) -> tuple[Tensor, tuple[list, list]]:
+        """The decoder layers over ``tgt`` (B, T) at positions ``offset ..``; ``self_kv`` (None without a cache):
+        per layer, the keys/values of the earlier positions with room for the new ones (see :meth:`decode`)."""
         x = self._embed(tgt, self.tgt_embed, self.tgt_positions, offset)
-        new_kv, self_ws, cross_ws = [], [], []
+        self_ws, cross_ws = [], []
         for i, layer in enumerate(self.decoder_layers):
             kv = cross_kv[i] if cross_kv is not None else layer.cross_attn.memory_kv(memory.states)
-            x, layer_kv, (self_w, cross_w) = layer(
-                x, kv, memory_mask, past=past[i] if past else None, past_order=order, need_weights=need_weights,
+            x, (self_w, cross_w) = layer(
+                x, kv, memory_mask, cache=None if self_kv is None else self_kv[i], need_weights=need_weights,
                 group=group,
             )  # fmt: skip
-            new_kv.append(layer_kv)
             self_ws.append(self_w)
             cross_ws.append(cross_w)
-        return self.decoder_norm(x), new_kv, (self_ws, cross_ws)
+        return self.decoder_norm(x), (self_ws, cross_ws)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing.
@@ -226,8 +198,8 @@ class Transformer(nn.Module):
             logits (B, T, tgt_vocab): position t predicts target token t + 1 of ``tgt_in``.
         """
         memory = self.encode(src)
-        x, _, _ = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=False, memory=memory)
-        return project(self.output, x)
+        x, _ = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=False, memory=memory)
+        return project(self.output, x, output=True)
 
     @torch.no_grad()
     def attention(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionWeights]:
@@ -237,13 +209,13 @@ class Transformer(nn.Module):
             logits (B, T, tgt_vocab) and :class:`AttentionWeights`.
         """
         memory, enc_w = self._encode(src, need_weights=True)
-        x, _, (self_w, cross_w) = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=True, memory=memory)
-        return project(self.output, x), AttentionWeights(enc_w, self_w, cross_w)
+        x, (self_w, cross_w) = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=True, memory=memory)
+        return project(self.output, x, output=True), AttentionWeights(enc_w, self_w, cross_w)
 
     def train(self, mode: bool = True) -> Transformer:
-        """Switch training/evaluation mode (``eval()`` calls this too) and drop the packed output weight of
-        :func:`project`, which an optimizer may have changed without a trace (see there)."""
-        forget_packed(self.output.weight)
+        """Switch training/evaluation mode (``eval()`` calls this too) and drop the packed weights of
+        :func:`~transduce.model.packed.project`, which an optimizer may have changed without a trace (see there)."""
+        forget_packed(self)
         return super().train(mode)
 
     def num_parameters(self) -> int:

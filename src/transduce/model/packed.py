@@ -1,0 +1,80 @@
+"""Linear layers through oneDNN with their weights kept in oneDNN's own layout, for float32 CPU inference.
+
+Every ``nn.Linear`` of the model (the attention and feed-forward projections and the pre-softmax projection) goes
+through :func:`project`. In eval mode, outside autograd, on a float32 CPU tensor, it calls oneDNN's linear with a
+copy of the weight packed once into oneDNN's blocked layout (and the feed-forward's ReLU fused into the product);
+anywhere else it is the plain ``linear(x)``.
+
+Why: the products of decoding are small ((rows x d_model) times (d_model x n) with a few dozen to a few hundred
+rows), where MKL's BLAS, behind ``F.linear``, is far from its peak. On this project's 2-core AMD machine it reached
+72 GFLOP/s on the (128 x 256) x (256 x 8,000) output product and 36 at 32 rows, oneDNN with the packed weight 117
+and 120; ``benchmarks/beam_variants.py`` measures the effect of packing the other layers too on whole searches.
+
+A packed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the weight's version
+counter moves, which every in-place PyTorch operation does, but not fused optimizers
+(``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter alone). So packed copies
+are made only in eval mode, :class:`~transduce.model.Transformer` drops its own whenever it switches between
+training and evaluation mode, and the trainer bumps the counters after each update. Code that changes weights in
+eval mode without moving their counters must call :func:`forget_packed`.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _has_onednn_linear() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN = _has_onednn_linear()  # set False to use F.linear (MKL's BLAS) everywhere
+ONEDNN_LAYERS = True  # set False to pack only the pre-softmax projection (the attention and feed-forward layers
+# then use F.linear): the setting before 2026-11-22, kept for benchmarks/beam_variants.py
+
+# id(weight) -> (weak reference to the weight, (data pointer, version), the weight in oneDNN's layout): built on first
+# use, rebuilt when the weight changes (training updates it in place, which bumps its version), dropped with the weight
+_PACKED: dict[int, tuple] = {}
+
+FUSED = {"relu": F.relu}  # activations that oneDNN applies inside the product (its "post-op"), by oneDNN's name
+
+
+def _packed_weight(weight: Tensor) -> Tensor:
+    wid, key = id(weight), (weight.data_ptr(), weight._version)
+    entry = _PACKED.get(wid)
+    if entry is None or entry[0]() is not weight or entry[1] != key:
+        ref = weakref.ref(weight, lambda _, wid=wid: _PACKED.pop(wid, None))
+        entry = _PACKED[wid] = (ref, key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+    return entry[2]
+
+
+def forget_packed(module: nn.Module) -> None:
+    """Drop the packed copies of ``module``'s weights (of all its submodules), if any: the next :func:`project`
+    packs them anew."""
+    for p in module.parameters():
+        _PACKED.pop(id(p), None)
+
+
+def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, output: bool = False) -> Tensor:
+    """``linear(x)``, followed by ``activation`` (a name in :data:`FUSED`) when one is given, through oneDNN with
+    the packed weight when that applies: float32 inference on a CPU with an ``nn.Linear`` (not a quantised one) in
+    eval mode, outside autograd; and :data:`ONEDNN_LAYERS` set, unless ``output`` (the pre-softmax projection, which
+    :data:`ONEDNN` alone governs)."""
+    applies = (
+        ONEDNN and (output or ONEDNN_LAYERS) and type(linear) is nn.Linear and not linear.training
+        and x.device.type == "cpu" and x.dtype == torch.float32
+    )  # fmt: skip
+    if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
+        y = linear(x)  # (the oneDNN op has no backward)
+        return y if activation is None else FUSED[activation](y)
+    bias = linear.bias
+    if bias is not None and torch.is_grad_enabled():
+        bias = bias.detach()  # (in inference mode or under no_grad nothing records it: no need for the extra op)
+    attr = "none" if activation is None else activation
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _packed_weight(linear.weight), bias, attr, [], "")
