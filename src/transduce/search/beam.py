@@ -114,14 +114,21 @@ class _Finished:
         self.count = torch.zeros(n, dtype=torch.long, device=device)  # by original sentence index
         self.worst = torch.full((n,), NEG_INF, device=device)  # score of the capacity-th best, -inf until full
 
-    def add(self, sentence: int, hyp: Hypothesis) -> None:
-        hyps = self.hyps[sentence]
-        hyps.append(hyp)
-        hyps.sort(key=lambda h: -h.score)
-        del hyps[self.capacity :]
-        self.count[sentence] = len(hyps)
-        if len(hyps) == self.capacity:
-            self.worst[sentence] = hyps[-1].score
+    def add(self, hyps: list[tuple[int, Hypothesis]]) -> None:
+        """Add ``(sentence, hypothesis)`` pairs; ``count`` and ``worst`` are updated once for all of them (a
+        tensor write per hypothesis would cost a few operations each, several times per step)."""
+        touched = sorted({sentence for sentence, _ in hyps})
+        for sentence, hyp in hyps:
+            self.hyps[sentence].append(hyp)
+        for sentence in touched:
+            kept = self.hyps[sentence]
+            kept.sort(key=lambda h: -h.score)
+            del kept[self.capacity :]
+        index = torch.tensor(touched, device=self.count.device)
+        counts = [len(self.hyps[sentence]) for sentence in touched]
+        self.count[index] = torch.tensor(counts, device=self.count.device)
+        worst = [self.hyps[s][-1].score if c == self.capacity else NEG_INF for s, c in zip(touched, counts)]
+        self.worst[index] = torch.tensor(worst, device=self.worst.device)
 
 
 @torch.inference_mode()
@@ -204,13 +211,15 @@ def beam_search(
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses
         finalize = cand_eos[:, :beam] & torch.isfinite(cand_scores[:, :beam])
-        if bool(finalize.any()):
+        if bool(finalize.any()):  # (read into Python lists at once: an element read per hypothesis costs)
             idx = finalize.nonzero().tolist()
-            sents = alive[[i for i, _ in idx]].tolist()
-            for (i, r), sent in zip(idx, sents):
-                row = i * width + int(cand_beams[i, r])
-                lp = float(cand_scores[i, r])
-                finished.add(sent, Hypothesis(history[row].tolist(), final_score(lp, step + 1, alpha, length_norm), lp))
+            sents, beams, lps = alive.tolist(), cand_beams.tolist(), cand_scores.tolist()
+            rows = torch.tensor([i * width + beams[i][r] for i, r in idx], device=device)
+            prefixes = history.index_select(0, rows).tolist()
+            finished.add([
+                (sents[i], Hypothesis(prefix, final_score(lps[i][r], step + 1, alpha, length_norm), lps[i][r]))
+                for (i, r), prefix in zip(idx, prefixes)
+            ])  # fmt: skip
 
         # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
         rank = torch.where(cand_eos, beam_offsets + 2 * beam, beam_offsets)

@@ -67,8 +67,9 @@ def _decode_rows(
         ended = chosen.eq(cfg.eos_id)
         if bool(ended.any()):
             idx = ended.nonzero().squeeze(1)
-            for i, row, lp in zip(idx.tolist(), alive[idx].tolist(), log_prob[idx].tolist()):
-                out[row] = Hypothesis(history[i].tolist(), final_score(lp, step + 1, length_penalty, length_norm), lp)
+            prefixes = history.index_select(0, idx).tolist()  # (one read for all: an element read per row costs)
+            for prefix, row, lp in zip(prefixes, alive[idx].tolist(), log_prob[idx].tolist()):
+                out[row] = Hypothesis(prefix, final_score(lp, step + 1, length_penalty, length_norm), lp)
             keep = (~ended).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
