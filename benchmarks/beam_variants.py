@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--variants", metavar="I,J,..", help="only these rows of the variants table (1-based; default: all)"
+    )
     ap.add_argument("--profile", action="store_true", help="then profile the last variant once (torch.profiler)")
     ap.add_argument("--steps", metavar="B1,B2,..", help="time per decoder step at these batch sizes, not variants")
     ap.add_argument("--compile", action="store_true", help="with --steps: torch.compile the decoder layers first")
@@ -86,11 +89,17 @@ def main() -> None:
         cfg = DecodeConfig(beam=args.beam, max_len_a=1.0, max_len_b=50, early_stopping=early)
         return [h[0].tokens for src in batches for h in generate(tr.model, src, cfg)]
 
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    names = list(VARIANTS)
+    variants = (
+        {names[int(i) - 1]: VARIANTS[names[int(i) - 1]] for i in args.variants.split(",")}
+        if args.variants
+        else VARIANTS
+    )
+    times: dict[str, list[float]] = {name: [] for name in variants}
     outputs: dict[str, list[list[int]]] = {}
     try:
         for _ in range(args.reps):
-            for name, (chunked, early, layers, from_logits) in VARIANTS.items():
+            for name, (chunked, early, layers, from_logits) in variants.items():
                 beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, beam_module.ROW_TOPK = (
                     chunked,
                     layers,
@@ -103,13 +112,13 @@ def main() -> None:
         beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, beam_module.ROW_TOPK = DEFAULTS
     refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
     lang = Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1] if args.ref else ""
-    first = next(iter(VARIANTS))
+    first = next(iter(variants))
     base = statistics.median(times[first])
     print(f"torch {torch.__version__}, {args.threads} thread(s); {args.model}; {len(ids)} sentences, batch "
           f"{args.batch}, beam {args.beam}; median of {args.reps}\n")  # fmt: skip
     print("| variant | sent/s | vs first | outputs equal to the first | lc-tok BLEU |")
     print("|---|---|---|---|---|")
-    for name in VARIANTS:
+    for name in variants:
         t = statistics.median(times[name])
         same = sum(a == b for a, b in zip(outputs[name], outputs[first]))
         bleu = "-"

@@ -424,6 +424,19 @@ def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
 
 
 @pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+def test_a_model_made_in_inference_mode_decodes_through_packed_weights(monkeypatch):
+    """Inference tensors have no version counter: the packed copy is keyed on the data pointer alone."""
+    src, tgt = batch()
+    with torch.inference_mode():
+        model = make(norm="pre")
+        fast = model(src, tgt)
+        assert id(model.output.weight) in packed_module._PACKED
+        monkeypatch.setattr(packed_module, "ONEDNN", False)
+        plain = model(src, tgt)
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
 def test_inference_packs_every_linear_layer_and_only_the_output_one_when_layers_are_off(monkeypatch):
     model = make(norm="pre", tie_output=False)
     src, tgt = batch()

@@ -167,7 +167,7 @@ class Trainer:
         set_learning_rate(self.optimizer, result.lr)
         self.optimizer.step()
         # the fused optimizer writes the weights without bumping their version counters: bump them, so that what is
-        # keyed on them (the packed output weight of transduce.model.transformer.project) sees the new values
+        # keyed on them (the packed weights of transduce.model.packed.project) sees the new values
         for p in self.params:  # (one tensor per call: a list needs torch 2.5)
             torch.autograd.graph.increment_version(p)
         self.optimizer.zero_grad(set_to_none=True)

@@ -15,7 +15,8 @@ counter moves, which every in-place PyTorch operation does, but not fused optimi
 (``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter alone). So packed copies
 are made only in eval mode, :class:`~transduce.model.Transformer` drops its own whenever it switches between
 training and evaluation mode, and the trainer bumps the counters after each update. Code that changes weights in
-eval mode without moving their counters must call :func:`forget_packed`.
+eval mode without moving their counters must call :func:`forget_packed`; so must code that changes weights made in
+inference mode (``torch.inference_mode``), which have no version counter.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ FUSED = {"relu": F.relu}  # activations that oneDNN applies inside the product (
 
 
 def _packed_weight(weight: Tensor) -> Tensor:
-    wid, key = id(weight), (weight.data_ptr(), weight._version)
+    # (a weight made in inference mode has no version counter: only forget_packed tells its changes)
+    wid, key = id(weight), (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
     entry = _PACKED.get(wid)
     if entry is None or entry[0]() is not weight or entry[1] != key:
         ref = weakref.ref(weight, lambda _, wid=wid: _PACKED.pop(wid, None))

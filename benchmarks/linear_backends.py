@@ -1,0 +1,87 @@
+"""The linear layers of a decoding step, through MKL's BLAS (``F.linear``) and through oneDNN with the weight packed
+once (``transduce.model.packed.project``), side by side: time per call and GFLOP/s by layer shape and row count.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/linear_backends.py \\
+        --preset tiny --rows 4,32,128 --threads 1
+
+Shapes: the preset's decoder layers (self-attention Q/K/V, attention output, cross-attention Q, feed-forward in
+and out; the feed-forward's first product with its ReLU, fused into oneDNN's call) and the pre-softmax projection
+for a vocabulary of ``--vocab``. A beam-4 search of 32 sentences runs 128 rows a step (fewer as sentences finish).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transduce.config import ModelConfig
+from transduce.model import packed
+
+
+def per_call(fns: list, reps: int) -> list[float]:
+    """Median seconds per call of each function, timed interleaved (``reps`` rounds, each a few milliseconds of
+    calls of every function in turn), so that a noisy moment hits all alike."""
+    counts = []
+    for fn in fns:
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        counts.append(max(1, int(0.005 / max(time.perf_counter() - t0, 1e-7))))
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, calls, out in zip(fns, counts, times):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter() - t0) / calls)
+    return [statistics.median(t) for t in times]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--rows", default="4,32,128")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not packed.ONEDNN:
+        raise SystemExit("this torch build has no oneDNN linear")
+    cfg = ModelConfig.preset(args.preset, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
+    d, f = cfg.d_model, cfg.d_ff
+    shapes = [("self-attention Q/K/V", d, 3 * d, None), ("attention output, cross Q", d, d, None),
+              ("feed-forward in + ReLU", d, f, "relu"), ("feed-forward out", f, d, None),
+              ("pre-softmax projection", d, args.vocab, None)]  # fmt: skip
+    print(f"torch {torch.__version__}, {args.threads} thread(s); preset {args.preset} (d_model {d}, d_ff {f}); "
+          f"median of {args.reps}\n")  # fmt: skip
+    print("| layer | rows | F.linear, us | GFLOP/s | oneDNN packed, us | GFLOP/s | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for name, n_in, n_out, act in shapes:
+            lin = nn.Linear(n_in, n_out).eval()
+            for rows in map(int, args.rows.split(",")):
+                x = torch.randn(rows, 1, n_in)
+
+                def plain(lin=lin, x=x, act=act):
+                    y = F.linear(x, lin.weight, lin.bias)
+                    return F.relu(y) if act else y
+
+                def onednn(lin=lin, x=x, act=act):
+                    return packed.project(lin, x, act)
+
+                torch.testing.assert_close(onednn(), plain(), atol=1e-4, rtol=1e-4)
+                t_plain, t_packed = per_call([plain, onednn], args.reps)
+                flop = 2 * rows * n_in * n_out
+                print(f"| {name} | {rows} | {t_plain * 1e6:.1f} | {flop / t_plain / 1e9:.1f} | "
+                      f"{t_packed * 1e6:.1f} | {flop / t_packed / 1e9:.1f} | {t_plain / t_packed:.2f}x |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
