@@ -1,8 +1,7 @@
 """Beam search with and without its optional speed-ups, side by side on one model and one set of sentences:
-the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``), early stopping (``DecodeConfig.early_stopping``),
+the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``), early stopping (``DecodeConfig.early_stopping``) and
 oneDNN with packed weights for every linear layer, not only the pre-softmax projection
-(``transduce.model.packed.ONEDNN_LAYERS``), and the candidates taken from each row's best logits without a
-log-softmax over the vocabulary (``transduce.search.beam.ROW_TOPK``).
+(``transduce.model.packed.ONEDNN_LAYERS``).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/beam_variants.py \\
         --model runs/multi30k_en_de --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
@@ -39,14 +38,13 @@ from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
 from transduce.translate import Translator
 
-VARIANTS = {  # name: (chunked top-k, early stopping, oneDNN for every linear layer, candidates from the logits)
-    "torch.topk, exact stop": (False, False, False, False),
-    "chunked top-k, exact stop": (True, False, False, False),
-    "chunked top-k, early stopping": (True, True, False, False),
-    "chunked top-k, early stopping, oneDNN layers": (True, True, True, False),
-    "chunked top-k, early stopping, oneDNN layers, from logits": (True, True, True, True),
+VARIANTS = {  # name: (chunked top-k, early stopping, oneDNN for every linear layer)
+    "torch.topk, exact stop": (False, False, False),
+    "chunked top-k, exact stop": (True, False, False),
+    "chunked top-k, early stopping": (True, True, False),
+    "chunked top-k, early stopping, oneDNN layers": (True, True, True),
 }
-DEFAULTS = (True, True, True)  # CHUNKED_TOPK, ONEDNN_LAYERS, ROW_TOPK as the package sets them
+DEFAULTS = (beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS)  # as the package sets them
 
 
 def main() -> None:
@@ -99,17 +97,13 @@ def main() -> None:
     outputs: dict[str, list[list[int]]] = {}
     try:
         for _ in range(args.reps):
-            for name, (chunked, early, layers, from_logits) in variants.items():
-                beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, beam_module.ROW_TOPK = (
-                    chunked,
-                    layers,
-                    from_logits,
-                )
+            for name, (chunked, early, layers) in variants.items():
+                beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS = chunked, layers
                 t0 = time.perf_counter()
                 outputs[name] = run(early)
                 times[name].append(time.perf_counter() - t0)
     finally:
-        beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, beam_module.ROW_TOPK = DEFAULTS
+        beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS = DEFAULTS
     refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
     lang = Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1] if args.ref else ""
     first = next(iter(variants))
@@ -154,8 +148,7 @@ def main() -> None:
 
 
 def time_steps(model, make_batches, sizes: list[int], args: argparse.Namespace) -> None:
-    """Decoder calls and time per call of the default beam search (chunked top-k, early stopping, oneDNN layers,
-    candidates from the logits) by batch size."""
+    """Decoder calls and time per call of the default beam search (chunked top-k, early stopping) by batch size."""
     if args.compile:  # (the cache's gather with out= stays outside the compiled graph, in Transformer.decode)
         torch._dynamo.config.recompile_limit = 64  # first steps, row counts of 1, groups: a few graphs each
         model._decode_layers = torch.compile(model._decode_layers, dynamic=True)

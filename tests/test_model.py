@@ -404,17 +404,19 @@ def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
     lin = nn.Linear(16, 50).eval()
     x = torch.randn(3, 5, 16)
     with torch.inference_mode():
-        out = packed_module.project(lin, x)
+        out = packed_module.project(lin, x, output=True)
         assert id(lin.weight) in packed_module._PACKED  # the packed path was taken
         torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(packed_module.project(lin, x[:, 0]), F.linear(x[:, 0], lin.weight, lin.bias))
-        relu = packed_module.project(lin, x, "relu")  # the fused activation
+        torch.testing.assert_close(
+            packed_module.project(lin, x[:, 0], output=True), F.linear(x[:, 0], lin.weight, lin.bias)
+        )
+        relu = packed_module.project(lin, x, "relu", output=True)  # the fused activation
         torch.testing.assert_close(relu, F.relu(F.linear(x, lin.weight, lin.bias)), atol=1e-5, rtol=1e-5)
         assert bool(relu.eq(0).any()) and bool(relu.ge(0).all())
     with torch.no_grad():
         lin.weight.mul_(-2.0)  # an in-place update (as the optimizer makes) must not leave a stale packed copy
-        torch.testing.assert_close(packed_module.project(lin, x), F.linear(x, lin.weight, lin.bias))
-    y = packed_module.project(lin, x, "relu")  # with autograd: the plain linear, so that gradients flow
+        torch.testing.assert_close(packed_module.project(lin, x, output=True), F.linear(x, lin.weight, lin.bias))
+    y = packed_module.project(lin, x, "relu", output=True)  # with autograd: the plain linear, so that gradients flow
     torch.testing.assert_close(y, F.relu(F.linear(x, lin.weight, lin.bias)))
     y.sum().backward()
     assert lin.weight.grad is not None
@@ -437,11 +439,12 @@ def test_a_model_made_in_inference_mode_decodes_through_packed_weights(monkeypat
 
 
 @pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
-def test_inference_packs_every_linear_layer_and_only_the_output_one_when_layers_are_off(monkeypatch):
+def test_inference_packs_only_the_output_layer_unless_all_layers_are_asked_for(monkeypatch):
     model = make(norm="pre", tie_output=False)
     src, tgt = batch()
     linears = {id(m.weight) for m in model.modules() if type(m) is nn.Linear}
     assert len(linears) == 1 + 4 * len(model.encoder_layers) + 7 * len(model.decoder_layers)
+    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", True)
     with torch.inference_mode():
         model(src, tgt)
         assert linears <= set(packed_module._PACKED)

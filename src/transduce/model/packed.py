@@ -1,14 +1,18 @@
 """Linear layers through oneDNN with their weights kept in oneDNN's own layout, for float32 CPU inference.
 
 Every ``nn.Linear`` of the model (the attention and feed-forward projections and the pre-softmax projection) goes
-through :func:`project`. In eval mode, outside autograd, on a float32 CPU tensor, it calls oneDNN's linear with a
-copy of the weight packed once into oneDNN's blocked layout (and the feed-forward's ReLU fused into the product);
-anywhere else it is the plain ``linear(x)``.
+through :func:`project`. For the pre-softmax projection in eval mode, outside autograd, on a float32 CPU tensor, it
+calls oneDNN's linear with a copy of the weight packed once into oneDNN's blocked layout; anywhere else, it is the
+plain ``linear(x)``. With :data:`ONEDNN_LAYERS` set, the other layers take the oneDNN path too (and the
+feed-forward's ReLU is fused into its first product).
 
-Why: the products of decoding are small ((rows x d_model) times (d_model x n) with a few dozen to a few hundred
-rows), where MKL's BLAS, behind ``F.linear``, is far from its peak. On this project's 2-core AMD machine it reached
-72 GFLOP/s on the (128 x 256) x (256 x 8,000) output product and 36 at 32 rows, oneDNN with the packed weight 117
-and 120; ``benchmarks/beam_variants.py`` measures the effect of packing the other layers too on whole searches.
+Why: the pre-softmax projection is the largest product of a decoding step ((rows x d_model) times (d_model x
+vocabulary), with a few dozen to a few hundred rows), where MKL's BLAS, behind ``F.linear``, is far from its peak.
+On this project's 2-core AMD machine it reached 72 GFLOP/s on the (128 x 256) x (256 x 8,000) output product and 36
+at 32 rows, oneDNN with the packed weight 117 and 120 (two threads). The other layers' products are smaller still,
+and there oneDNN's fixed cost per call (about 30 us on one thread here) loses: 0.26-0.85x the speed of ``F.linear``
+for the `tiny` model's shapes at 4-128 rows (``benchmarks/linear_backends.py``), 0.92x on a whole beam search
+(``benchmarks/beam_variants.py``), so :data:`ONEDNN_LAYERS` is off by default.
 
 A packed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the weight's version
 counter moves, which every in-place PyTorch operation does, but not fused optimizers
@@ -36,8 +40,8 @@ def _has_onednn_linear() -> bool:
 
 
 ONEDNN = _has_onednn_linear()  # set False to use F.linear (MKL's BLAS) everywhere
-ONEDNN_LAYERS = True  # set False to pack only the pre-softmax projection (the attention and feed-forward layers
-# then use F.linear): the setting before 2026-11-22, kept for benchmarks/beam_variants.py
+ONEDNN_LAYERS = False  # set True to pack the attention and feed-forward layers too: slower on this project's AMD
+# machine for the `tiny` model (its products are too small: benchmarks/linear_backends.py, beam_variants.py)
 
 # id(weight) -> (weak reference to the weight, (data pointer, version), the weight in oneDNN's layout): built on first
 # use, rebuilt when the weight changes (training updates it in place, which bumps its version), dropped with the weight

@@ -90,37 +90,6 @@ def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
     return top_scores, tokens, beams
 
 
-ROW_TOPK = True  # set False to take the log-softmax over the vocabulary and the candidates from all beam x V sums
-
-
-def candidates_from_logits(logits: Tensor, lse: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`beam_step` from the logits, without a log-softmax over the vocabulary.
-
-    A sentence's ``size`` best extensions are each among the ``size`` best tokens of the beam they extend (else that
-    beam alone would have ``size`` better ones), and within a row the log-softmax keeps the order of the logits. So
-    each row's ``size`` best logits are taken first, turned into log-probabilities by subtracting the row's
-    log-sum-exp, added to the beam's score, and ranked. That reads the (rows, V) logits twice (the log-sum-exp and
-    the top-k's chunk maxima) instead of writing a log-softmax and the summed scores over the whole vocabulary.
-
-    Args:
-        logits: (N * beam, V) float32 next-token logits, -inf where a token is not allowed.
-        lse: (N * beam, 1) log-sum-exp of each row's logits before any was masked (masking renormalises nothing).
-        scores: (N, beam) cumulative log-probabilities of the live hypotheses (-inf for empty beam slots).
-        size: candidates per sentence.
-    Returns:
-        ``(scores, tokens, beams)`` as :func:`beam_step` returns them (the same values, up to rounding in the last
-        bit of a float32: ``logit - lse`` instead of the log-softmax's ``(logit - max) - log(sum)``).
-    """
-    n, beam = scores.shape
-    vocab = logits.shape[1]
-    k = min(size, vocab)
-    found = _chunked_topk(logits, k) if CHUNKED_TOPK and logits.is_contiguous() else None
-    top, token = found if found is not None else logits.topk(k, dim=1)  # (N * beam, k)
-    total = top.sub_(lse).view(n, beam, k).add_(scores[:, :, None])
-    cand_scores, rank, beams = top_candidates(total, size)
-    return cand_scores, token.view(n, beam * k).gather(1, beams * k + rank), beams
-
-
 def reorder_beams(cache: Any, index: Tensor) -> Any:
     """``cache.reorder(index)`` for an ``index`` that only moves rows between beams of the same sentence; a cache
     that knows a cheaper way to do that (:meth:`DecoderCache.reorder_beams`) uses it."""
@@ -230,21 +199,14 @@ def beam_search(
             logits, cache = model.decode(tokens_in, memory, cache)
         else:
             logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
-        if ROW_TOPK:  # the rows' next-token logits, normalised only where they become candidates
-            next_scores = logits[:, -1].float()  # (rows, V)
-            lse = next_scores.logsumexp(dim=1, keepdim=True)
-        else:
-            next_scores = next_token_log_probs(logits)  # (rows, V)
+        log_probs = next_token_log_probs(logits)  # (rows, V)
         constrain(
-            next_scores, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
+            log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
             no_repeat_ngram=no_repeat_ngram,
         )  # fmt: skip
         m = alive.shape[0]
-        if ROW_TOPK:
-            cand_scores, cand_tokens, cand_beams = candidates_from_logits(next_scores, lse, scores, 2 * beam)
-        else:
-            total = next_scores.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
-            cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
+        total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
+        cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
         cand_eos = cand_tokens.eq(cfg.eos_id)
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses
