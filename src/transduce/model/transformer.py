@@ -151,11 +151,11 @@ class Transformer(nn.Module):
         attention saved for its backward pass, and ``out=`` records no gradient); :meth:`decode` stacks them."""
         past, t = cache.self_kv, cache.length
         layers, _, _, h, _, d_k = past.shape
-        shape = (2, cache.batch_size, h, t + new, d_k)
+        rows = cache.batch_size
         if torch.is_grad_enabled():
             past = cache.rows()
-            return [torch.cat([past[i], past.new_zeros(*shape[:3], new, d_k)], dim=3) for i in range(layers)]
-        out = past.new_empty(layers, *shape)
+            return [torch.cat([past[i], past.new_zeros(2, rows, h, new, d_k)], dim=3) for i in range(layers)]
+        out = past.new_empty(layers, 2, rows, h, t + new, d_k)
         if t > 0:
             if cache.order is None:
                 out.narrow(4, 0, t).copy_(past)
