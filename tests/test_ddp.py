@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent(
     import torch
     from transduce.config import Config, ModelConfig, TrainConfig
     from transduce.data import collate
-    from transduce.distributed import setup, teardown
+    from transduce.distributed import leave, setup, teardown
     from transduce.model import Transformer
     from transduce.trainer import Trainer
 
@@ -55,6 +55,7 @@ _SCRIPT = textwrap.dedent(
     if dist.is_main:
         torch.save({"params": model.state_dict(), "losses": losses}, sys.argv[1])
     teardown()
+    leave(0)  # (as `transduce train` does: gloo's threads can abort the interpreter's finalisation)
     """
 )
 
@@ -98,3 +99,10 @@ def test_torchrun_transduce_train_writes_one_run_directory(tmp_path):
     assert len(valid) == 2 and valid[-1]["sentences"] == 20 and "bleu" in valid[-1]
     state = ckpt.load_trainer_state(run / "checkpoints" / "step_00000006")
     assert state["world_size"] == 2 and len(state["rng"]) == 2  # every rank's random state is kept
+
+
+def test_leave_flushes_output_and_exits_with_the_code():
+    code = "from transduce.distributed import leave\nprint('written before leaving')\nleave(3)\nprint('never')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
+    assert proc.returncode == 3
+    assert proc.stdout == "written before leaving\n"  # (a pipe's buffer that os._exit alone would have lost)

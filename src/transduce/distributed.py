@@ -8,7 +8,9 @@ created. Only rank 0 writes files (:attr:`Dist.is_main`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,23 @@ def teardown() -> None:
     """Leave the process group (no-op for a single process)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def leave(code: int) -> None:
+    """End a data-parallel worker whose work is written and whose process group is destroyed (:func:`teardown`),
+    skipping the interpreter's finalisation: flush the logs and streams, then ``os._exit(code)``.
+
+    Why: once a ``DistributedDataParallel`` model was built, gloo's worker threads outlive
+    ``destroy_process_group`` (seen with torch 2.13 on CPU: something in PyTorch keeps the group, and its threads
+    still run after the group is destroyed, the model deleted and the garbage collected), and such a thread that
+    touches a Python object while the interpreter shuts down aborts the process ("terminate called without an
+    active exception"; 3 of 150 two-process runs of a short training on a loaded machine, 0 of 60 with this exit),
+    which ``torchrun`` reports as a failed job although every file was written.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
