@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from transduce.errors import TransduceError
@@ -52,13 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
-        return int(args._module.run(args) or 0)
+        code = int(args._module.run(args) or 0)
     except TransduceError as e:
         print(f"transduce {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print(f"transduce {args.command}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker, its process group destroyed: see leave()
+        from transduce.distributed import leave
+
+        leave(code)
+    return code
 
 
 if __name__ == "__main__":

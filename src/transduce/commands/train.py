@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import re
 
 from transduce.config import Config, TrainConfig
-from transduce.distributed import leave
 
 
 def _field_docs(cls: type) -> str:
@@ -58,6 +56,4 @@ def run(args: argparse.Namespace) -> int:
         if not args.config:
             raise TrainingError("missing CONFIG.yaml (or --resume RUN_DIR)")
         outcome = train(Config.load(args.config, overrides=overrides))
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        leave(outcome.exit_code)  # a data-parallel worker: see there
     return outcome.exit_code
