@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 
 from transduce.errors import TransduceError
@@ -60,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"transduce {args.command}: interrupted", file=sys.stderr)
         code = 130
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker, its process group destroyed: see leave()
-        from transduce.distributed import leave
+    from transduce.distributed import launched_world_size, leave
 
+    if launched_world_size() > 1:  # a torchrun worker, its process group destroyed: see leave()
         leave(code)
     return code
 

@@ -35,13 +35,18 @@ class Dist:
         return self.world_size > 1
 
 
+def launched_world_size() -> int:
+    """The number of processes ``torchrun`` started for this job (``WORLD_SIZE``; 1 without ``torchrun``)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def setup(device_type: str) -> Dist:
     """Join the process group described by the ``torchrun`` environment, if any.
 
     Args:
         device_type: ``"cuda"`` (NCCL backend, one GPU per local rank) or ``"cpu"`` (gloo).
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = launched_world_size()
     if world_size <= 1:
         return Dist()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
