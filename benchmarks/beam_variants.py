@@ -1,7 +1,8 @@
 """Beam search with and without its optional speed-ups, side by side on one model and one set of sentences:
-the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``), early stopping (``DecodeConfig.early_stopping``) and
+the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``), early stopping (``DecodeConfig.early_stopping``),
 oneDNN with packed weights for every linear layer, not only the pre-softmax projection
-(``transduce.model.packed.ONEDNN_LAYERS``).
+(``transduce.model.packed.ONEDNN_LAYERS``), and the decoding step as one function over the weights instead of the
+decoder's modules (``transduce.model.step.FAST_STEP``).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/beam_variants.py \\
         --model runs/multi30k_en_de --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 import transduce.model.packed as packed_module
+import transduce.model.step as step_module
 import transduce.search.beam as beam_module
 from transduce.config import DecodeConfig
 from transduce.evaluate import score_tokenized_lowercase
@@ -38,13 +40,14 @@ from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
 from transduce.translate import Translator
 
-VARIANTS = {  # name: (chunked top-k, early stopping, oneDNN for every linear layer)
-    "torch.topk, exact stop": (False, False, False),
-    "chunked top-k, exact stop": (True, False, False),
-    "chunked top-k, early stopping": (True, True, False),
-    "chunked top-k, early stopping, oneDNN layers": (True, True, True),
+VARIANTS = {  # name: (chunked top-k, early stopping, oneDNN for every linear layer, step function)
+    "torch.topk, exact stop": (False, False, False, True),
+    "chunked top-k, exact stop": (True, False, False, True),
+    "chunked top-k, early stopping": (True, True, False, True),
+    "chunked top-k, early stopping, oneDNN layers": (True, True, True, True),
+    "chunked top-k, early stopping, decoder modules (no step function)": (True, True, False, False),
 }
-DEFAULTS = (beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS)  # as the package sets them
+DEFAULTS = (beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, step_module.FAST_STEP)  # as the package sets them
 
 
 def main() -> None:
@@ -97,13 +100,14 @@ def main() -> None:
     outputs: dict[str, list[list[int]]] = {}
     try:
         for _ in range(args.reps):
-            for name, (chunked, early, layers) in variants.items():
+            for name, (chunked, early, layers, fast_step) in variants.items():
                 beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS = chunked, layers
+                step_module.FAST_STEP = fast_step
                 t0 = time.perf_counter()
                 outputs[name] = run(early)
                 times[name].append(time.perf_counter() - t0)
     finally:
-        beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS = DEFAULTS
+        beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, step_module.FAST_STEP = DEFAULTS
     refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
     lang = Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1] if args.ref else ""
     first = next(iter(variants))
@@ -150,6 +154,7 @@ def main() -> None:
 def time_steps(model, make_batches, sizes: list[int], args: argparse.Namespace) -> None:
     """Decoder calls and time per call of the default beam search (chunked top-k, early stopping) by batch size."""
     if args.compile:  # (the cache's gather with out= stays outside the compiled graph, in Transformer.decode)
+        step_module.FAST_STEP = False  # the steps go through the (compiled) layer stack, not the step function
         torch._dynamo.config.recompile_limit = 64  # first steps, row counts of 1, groups: a few graphs each
         model._decode_layers = torch.compile(model._decode_layers, dynamic=True)
     calls = 0

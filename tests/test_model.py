@@ -7,11 +7,13 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from transduce import ModelConfig, Transformer
-from transduce.model import causal_mask, padding_mask, sinusoid
+from transduce.model import DecoderCache, causal_mask, padding_mask, sinusoid
 from transduce.model import packed as packed_module
+from transduce.model import step as step_module
+from transduce.model.quantize import quantize_int8
 from transduce.special import BOS_ID, PAD_ID
 
 V = 40
@@ -201,6 +203,66 @@ def test_grouped_cache_keeps_one_cross_row_per_sentence_and_equals_the_repeated_
         assert mixed.group == 1 and mixed.cross_kv[0][0].shape[0] == 3
         logits, _ = model.decode(tgt6[broken, 3:4], memory, mixed)
         assert torch.allclose(logits, model(src[rows[broken]], tgt6[broken, :4])[:, 3:4], atol=1e-5)
+
+
+def _search_like_steps(model: Transformer) -> tuple[list[Tensor], DecoderCache]:
+    """One-token decoding steps as a beam search makes them: the first step from BOS, the rows grouped by 2,
+    moved within their groups, a sentence dropped, then the groups broken."""
+    src, tgt = batch()
+    rows = torch.arange(3).repeat_interleave(2)
+    tgt6 = tgt[rows].clone()
+    tgt6[:, 1:] = torch.randint(4, V, (6, tgt.shape[1] - 1), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        memory = model.encode(src)
+        first, cache = model.decode(tgt[:, :1], memory)
+        out = [first]
+        cache = cache.repeat(2)
+        for index in (torch.arange(6), torch.tensor([1, 1, 2, 3, 5, 4]), torch.tensor([1, 0, 2, 2, 5, 4])):
+            logits, cache = model.decode(tgt6[index, len(out) : len(out) + 1], memory, cache.reorder_beams(index))
+            out.append(logits)
+        logits, cache = model.decode(tgt6[:4, 4:5], memory, cache.select(torch.tensor([0, 1, 4, 5])))  # dropped
+        out.append(logits)
+        logits, cache = model.decode(tgt6[:3, 5:6], memory, cache.reorder(torch.tensor([3, 0, 1])))  # broken groups
+        out.append(logits)
+    return out, cache
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"norm": "post"},
+        {"norm": "pre"},
+        {"norm": "pre", "bias": False, "activation": "gelu", "positions": "learned"},
+        {"norm": "post", "scale_embeddings": False, "share_vocab": False, "tie_output": False, "output_bias": True,
+         "activation": "swish"},
+        {"norm": "pre", "int8": True},
+        {"norm": "post", "onednn_layers": True},
+    ],
+)  # fmt: skip
+def test_decoding_step_function_equals_the_modules(monkeypatch, options):
+    """A search's one-token steps go through transduce.model.step.decode_step (weights read once per search, no
+    module calls); they must give what the decoder's modules give, for every model option, the int8 model and
+    oneDNN layers included."""
+    options = dict(options)
+    int8, onednn_layers = options.pop("int8", False), options.pop("onednn_layers", False)
+    if onednn_layers and not packed_module.ONEDNN:
+        pytest.skip(ONEDNN_REASON)
+    model = make(**options)
+    with torch.no_grad():
+        for p in model.parameters():  # biases and norms start at 0 and 1: make every weight count
+            p.add_(torch.randn_like(p) * 0.1)
+    if int8:
+        model = quantize_int8(model)
+    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", onednn_layers)
+    fast, fast_cache = _search_like_steps(model)
+    assert fast_cache.step_weights is not None  # the step function ran and passed its weights on
+    monkeypatch.setattr(step_module, "FAST_STEP", False)
+    slow, slow_cache = _search_like_steps(model)
+    assert slow_cache.step_weights is None
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast_cache.self_kv, slow_cache.self_kv, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(fast[-1][0], fast[-1][1])  # rows decode different things
 
 
 def test_grouped_cross_attention_weights_equal_the_ungrouped_ones():

@@ -6,7 +6,8 @@ search can keep an old cache around (for tests, or to branch) without surprises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -57,6 +58,8 @@ class DecoderCache:
         memory_mask: (B / group, 1, 1, S) bool source mask, or None.
         group: consecutive rows that share one row of ``cross_kv`` and ``memory_mask``.
         order: (B,) long: row ``r`` of the batch is row ``order[r]`` of ``self_kv``; None: the identity (B' = B).
+        step_weights: the decoder's weights as :func:`transduce.model.step.decode_step` reads them, gathered at the
+            first step of a search and passed on with the cache (None until then).
     """
 
     self_kv: Tensor
@@ -64,6 +67,7 @@ class DecoderCache:
     memory_mask: Tensor | None
     group: int = 1
     order: Tensor | None = None
+    step_weights: Any = field(default=None, compare=False, repr=False)
 
     @property
     def length(self) -> int:
@@ -86,10 +90,10 @@ class DecoderCache:
         """This cache with the self-attention row ``order`` and the cross-attention rows ``sentences`` (None:
         unchanged)."""
         if sentences is None:
-            return DecoderCache(self.self_kv, self.cross_kv, self.memory_mask, group, order)
+            return DecoderCache(self.self_kv, self.cross_kv, self.memory_mask, group, order, self.step_weights)
         cross_kv = tuple((k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross_kv)
         mask = None if self.memory_mask is None else self.memory_mask.index_select(0, sentences)
-        return DecoderCache(self.self_kv, cross_kv, mask, group, order)
+        return DecoderCache(self.self_kv, cross_kv, mask, group, order, self.step_weights)
 
     def reorder(self, index: Tensor) -> DecoderCache:
         """Cache for the rows ``index`` (1-D long, rows may repeat, in any order).

@@ -1,0 +1,139 @@
+"""One decoding step of the decoder (one new token per row, in inference), as a plain function over the weights.
+
+:meth:`transduce.model.Transformer.decode` calls :func:`decode_step` when it is asked for one new position per row
+outside autograd in eval mode: every step of a search. It computes what the decoder's modules compute (the same
+operations in the same order, up to float rounding; ``tests/test_model.py`` compares the two), with fewer
+operations and no module calls:
+
+- the weights are read from the modules once per search, at its first step, into :class:`StepWeights`, which the
+  cache carries from step to step (module attribute look-ups and calls cost microseconds each, and a step of a
+  4-layer decoder makes a few hundred of them);
+- each linear layer is one ``torch.addmm`` on the weight's transposed view, and a sublayer's output projection
+  adds into the residual directly (``addmm(x, a, W^T)`` plus the bias, not a projection and then a sum);
+- the new keys and values go into the cache with one copy per layer, and the queries of the new position go to
+  attention as views, with no head split or merge copies; the embedding, scale and position are one ``torch.add``.
+
+Why: a decoding step of a small model is made of many small operations, and in eager PyTorch each costs Python and
+dispatch time whatever its size: see RESULTS_speed.md for what it saved on the Multi30k model. Forward hooks on the
+decoder's modules do not run here; set :data:`FAST_STEP` to False to decode through the modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce.model import packed
+from transduce.model.cache import DecoderCache
+
+FAST_STEP = True  # set False to run every decoding step through the decoder's modules
+
+Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
+Norm = Callable[[Tensor], Tensor]
+
+
+def _linear(lin: nn.Module) -> Linear:
+    """``lin`` as a function of ``(x, residual=None)``: one ``addmm`` for a plain ``nn.Linear``; other layers (the
+    dynamically quantised ones; every layer when :data:`~transduce.model.packed.ONEDNN_LAYERS` is set) are called
+    through :func:`~transduce.model.packed.project` as in the modules."""
+    if type(lin) is not nn.Linear or packed.ONEDNN_LAYERS:
+
+        def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
+            y = packed.project(lin, x)
+            return y if residual is None else residual + y
+
+        return call
+    w, b = lin.weight.t(), lin.bias
+
+    def addmm(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if residual is None:
+            return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+        y = torch.addmm(residual, x, w)
+        return y if b is None else y.add_(b)
+
+    return addmm
+
+
+def _norm(norm: nn.Module) -> Norm:
+    """A LayerNorm as a function (the identity for ``nn.Identity``, the post-norm decoder's missing final norm)."""
+    if isinstance(norm, nn.Identity):
+        return lambda x: x
+    shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
+    return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer as :func:`decode_step` uses it."""
+
+    norm1: Norm
+    qkv: Linear
+    self_out: Linear
+    norm2: Norm
+    cross_q: Linear
+    cross_out: Linear
+    norm3: Norm
+    w1: Linear
+    activation: Callable[[Tensor], Tensor]  # in place when it can be
+    w2: Linear
+
+
+@dataclass(frozen=True)
+class StepWeights:
+    """The decoder's weights, read from its modules once per search (the tensors themselves, not copies)."""
+
+    layers: tuple[LayerWeights, ...]
+    final_norm: Norm
+    pre_norm: bool
+
+    @classmethod
+    def of(cls, model: nn.Module) -> StepWeights:
+        layers = []
+        for layer in model.decoder_layers:
+            act = layer.ffn.act
+            layers.append(LayerWeights(
+                _norm(layer.norm1), _linear(layer.self_attn.qkv), _linear(layer.self_attn.out),
+                _norm(layer.norm2), _linear(layer.cross_attn.q), _linear(layer.cross_attn.out),
+                _norm(layer.norm3), _linear(layer.ffn.w1), torch.relu_ if act is F.relu else act, _linear(layer.ffn.w2),
+            ))  # fmt: skip
+        return cls(tuple(layers), _norm(model.decoder_norm), model.config.norm == "pre")
+
+
+def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+    """:meth:`~transduce.model.Transformer.decode` for ``tokens`` of shape (B, 1), in inference: the logits (B, 1,
+    tgt_vocab) of the next token and the cache extended by this position (the cache passed in is not modified)."""
+    weights = cache.step_weights or StepWeights.of(model)
+    cfg = model.config
+    rows, t, group = tokens.shape[0], cache.length, cache.group
+    heads, d_k, d_model = cfg.heads, cfg.d_k, cfg.d_model
+    pre = weights.pre_norm
+    self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position is written below
+    embedding = model.tgt_embed.weight
+    position = model.tgt_positions(t, 1)[0].to(embedding.dtype)
+    x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=model.embed_scale)  # (B, d_model)
+    # (methods, not indexing: `t[:, 1:]` costs several times `t.narrow(1, 1, 2)`, and a step makes dozens)
+    for w, kv, (k, v) in zip(weights.layers, self_kv.unbind(0), cache.cross_kv):
+        # masked self-attention: the new position's keys and values into the cache, its query over all t + 1
+        qkv = w.qkv(w.norm1(x) if pre else x).view(rows, 3, heads, d_k)
+        kv.select(3, t).copy_(qkv.narrow(1, 1, 2).transpose(0, 1))  # kv: (2, B, h, t + 1, d_k)
+        q = qkv.as_strided((rows, heads, 1, d_k), (3 * d_model, d_k, d_k, 1))  # (B, h, 1, d_k): qkv[:, 0, :, None]
+        a = F.scaled_dot_product_attention(q, *kv.unbind(0))  # (B, h, 1, d_k)
+        x = w.self_out(a.reshape(rows, d_model), x)
+        if not pre:
+            x = w.norm1(x)
+        # attention over the encoder output: the queries of a sentence's `group` rows together
+        q = w.cross_q(w.norm2(x) if pre else x).view(rows // group, group, heads, d_k).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.memory_mask)  # (B / group, h, group, d_k)
+        x = w.cross_out(a.transpose(1, 2).reshape(rows, d_model), x)
+        if not pre:
+            x = w.norm2(x)
+        # feed-forward
+        x = w.w2(w.activation(w.w1(w.norm3(x) if pre else x)), x)
+        if not pre:
+            x = w.norm3(x)
+    logits = packed.project(model.output, weights.final_norm(x)[:, None], output=True)
+    return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)
