@@ -1,5 +1,6 @@
-"""The linear layers of a decoding step, through MKL's BLAS (``F.linear``) and through oneDNN with the weight packed
-once (``transduce.model.packed.project``), side by side: time per call and GFLOP/s by layer shape and row count.
+"""The linear layers of a decoding step, through MKL's BLAS (``F.linear``), through oneDNN with the weight packed
+once (``transduce.model.packed.project``) and with dynamic int8 quantisation (``transduce.model.quantize``, every
+layer whatever its size), side by side: time per call and GFLOP/s by layer shape and row count.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/linear_backends.py \\
         --preset tiny --rows 4,32,128 --threads 1
@@ -21,6 +22,7 @@ from torch import nn
 
 from transduce.config import ModelConfig
 from transduce.model import packed
+from transduce.model.quantize import quantize_int8
 
 
 def per_call(fns: list, reps: int) -> list[float]:
@@ -60,12 +62,13 @@ def main() -> None:
               ("pre-softmax projection", d, args.vocab, None)]  # fmt: skip
     print(f"torch {torch.__version__}, {args.threads} thread(s); preset {args.preset} (d_model {d}, d_ff {f}); "
           f"median of {args.reps}\n")  # fmt: skip
-    print("| layer | rows | F.linear, us | GFLOP/s | oneDNN packed, us | GFLOP/s | speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    print("| layer | rows | F.linear, us | GFLOP/s | oneDNN packed, us | speed-up | dynamic int8, us | speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
     torch.manual_seed(0)
     with torch.inference_mode():
         for name, n_in, n_out, act in shapes:
             lin = nn.Linear(n_in, n_out).eval()
+            int8 = quantize_int8(nn.Sequential(lin), min_weights=0)[0]
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, 1, n_in)
 
@@ -74,13 +77,18 @@ def main() -> None:
                     return F.relu(y) if act else y
 
                 def onednn(lin=lin, x=x, act=act):
-                    return packed.project(lin, x, act)
+                    return packed.project(lin, x, act, output=True)  # (output=True: oneDNN for any layer)
+
+                def dynamic_int8(int8=int8, x=x, act=act):
+                    y = int8(x)
+                    return F.relu(y) if act else y
 
                 torch.testing.assert_close(onednn(), plain(), atol=1e-4, rtol=1e-4)
-                t_plain, t_packed = per_call([plain, onednn], args.reps)
+                t_plain, t_packed, t_int8 = per_call([plain, onednn, dynamic_int8], args.reps)
                 flop = 2 * rows * n_in * n_out
                 print(f"| {name} | {rows} | {t_plain * 1e6:.1f} | {flop / t_plain / 1e9:.1f} | "
-                      f"{t_packed * 1e6:.1f} | {flop / t_packed / 1e9:.1f} | {t_plain / t_packed:.2f}x |")  # fmt: skip
+                      f"{t_packed * 1e6:.1f} | {t_plain / t_packed:.2f}x | {t_int8 * 1e6:.1f} | "
+                      f"{t_plain / t_int8:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

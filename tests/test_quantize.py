@@ -9,12 +9,22 @@ import torch
 from torch import nn
 
 from decodekit import copy_sentences, one_thread
+from transduce import ModelConfig, Transformer
 from transduce.cli import main
+from transduce.model import quantize as quantize_module
 from transduce.model.quantize import quantize_int8
 from transduce.translate import Translator
 
+DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
 
-def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path):
+
+@pytest.fixture
+def every_layer_int8(monkeypatch):
+    """The test model's layers are all below quantize.MIN_WEIGHTS: quantise every one of them."""
+    monkeypatch.setattr(quantize_module, "MIN_WEIGHTS", 0)
+
+
+def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path, every_layer_int8):
     model = Translator.load(copy_checkpoint).model
     q = quantize_int8(model)
     assert not any(type(m) is nn.Linear for m in q.modules())
@@ -24,7 +34,23 @@ def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path):
     assert type(model.output) is nn.Linear  # the float model is untouched
 
 
-def test_int8_logits_and_translations_stay_close(copy_checkpoint: Path):
+def test_quantize_int8_leaves_layers_below_min_weights_in_float32():
+    cfg = ModelConfig.preset("tiny", src_vocab_size=1000, tgt_vocab_size=1000)  # d_model 128: 128 x 1,000 output
+    model = Transformer(cfg)
+    quantised = {name for name, m in quantize_int8(model).named_modules() if isinstance(m, DynamicLinear)}
+    assert quantised == {"output"}  # the only linear layer with at least 2^16 weights
+    assert quantize_module.MIN_WEIGHTS == 1 << 16
+    wide = {name for name, m in quantize_int8(model, min_weights=3 * 128 * 128).named_modules()
+            if isinstance(m, DynamicLinear)}  # fmt: skip
+    assert "output" in wide and "decoder_layers.0.self_attn.qkv" in wide  # 384 x 128: exactly the threshold
+    assert (
+        "decoder_layers.0.ffn.w1" not in wide and "encoder_layers.1.self_attn.out" not in wide
+    )  # 256 x 128, 128 x 128
+    assert len(wide) == 1 + cfg.encoder_layers + cfg.decoder_layers  # the output and every self-attention QKV
+    assert {type(m) for m in quantize_int8(model, min_weights=10**9).modules()} == {type(m) for m in model.modules()}
+
+
+def test_int8_logits_and_translations_stay_close(copy_checkpoint: Path, every_layer_int8):
     fp32 = Translator.load(copy_checkpoint)
     int8 = Translator.load(copy_checkpoint, quantize="int8")
     sentences = copy_sentences(60, seed=7)
@@ -42,7 +68,7 @@ def test_quantize_option_is_checked(copy_checkpoint: Path):
         Translator.load(copy_checkpoint, quantize="int4")
 
 
-def test_cli_translate_int8(copy_checkpoint: Path, tmp_path: Path):
+def test_cli_translate_int8(copy_checkpoint: Path, tmp_path: Path, every_layer_int8):
     src = tmp_path / "in.txt"
     src.write_text("a man rides the red bike.\n\ntwo girls play.\n", encoding="utf-8")
     out = tmp_path / "out.txt"

@@ -1,9 +1,15 @@
 """Dynamic int8 quantisation for CPU inference.
 
-Every ``nn.Linear`` (attention and feed-forward projections, and the output projection) gets int8 weights,
+``nn.Linear`` layers (attention and feed-forward projections, and the output projection) get int8 weights,
 quantised once per output channel, and int8 activations quantised per batch at run time (PyTorch's dynamic
 quantisation, fbgemm/x86 kernels); embeddings, LayerNorm and attention itself stay float32. The quantised model
 is for inference only: a copy, the float model is left as it is.
+
+Layers with fewer than ``min_weights`` weights (65,536 by default) stay float32: for them int8 is no faster, only
+less exact. On this project's machine (one thread, ``benchmarks/linear_backends.py``, RESULTS_speed.md) dynamic int8
+ran the `tiny` model's 128-wide projections (128 x 128 to 128 x 384 weights) at 0.31-1.04x the speed of float32
+at 4-128 rows, the `base` model's 512-wide ones at 1.49-4.27x, and a 128 x 8,000 output projection at 1.3-2.1x the
+float32 oneDNN path that decoding uses for it.
 
     from transduce.model.quantize import quantize_int8
     fast = quantize_int8(model)        # or Translator.load(path, quantize="int8"), transduce translate --int8
@@ -18,14 +24,22 @@ import torch
 from torch import nn
 
 QUANTIZATIONS = ("int8",)
+MIN_WEIGHTS = 1 << 16  # linear layers with fewer weights stay float32 (see above)
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (in eval mode) whose ``nn.Linear`` layers are dynamically quantised to int8."""
+def quantize_int8(model: nn.Module, min_weights: int | None = None) -> nn.Module:
+    """A copy of ``model`` (in eval mode) whose ``nn.Linear`` layers of at least ``min_weights`` weights (None:
+    :data:`MIN_WEIGHTS`; 0: every linear layer) are dynamically quantised to int8."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+    min_weights = MIN_WEIGHTS if min_weights is None else min_weights
     q = copy.deepcopy(model).eval()
+    names = {
+        name for name, m in q.named_modules() if type(m) is nn.Linear and m.weight.numel() >= min_weights
+    }  # fmt: skip
+    if not names:
+        return q
     with warnings.catch_warnings():  # torch marks its quantised tensor types as deprecated in favour of torchao
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return quantize_dynamic(q, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+        return quantize_dynamic(q, dict.fromkeys(names, per_channel_dynamic_qconfig), dtype=torch.qint8, inplace=True)
