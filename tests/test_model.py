@@ -3,6 +3,7 @@
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -263,6 +264,19 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast_cache.self_kv, slow_cache.self_kv, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(fast[-1][0], fast[-1][1])  # rows decode different things
+
+
+def test_a_cache_handed_to_another_model_is_decoded_with_that_models_weights():
+    a, b = make("pre", seed=0), make("pre", seed=1)
+    src, tgt = batch()
+    with torch.inference_mode():
+        memory = a.encode(src)
+        _, cache = a.decode(tgt[:, :1], memory)
+        assert cache.step_weights.model is a
+        logits, after = b.decode(tgt[:, 1:2], memory, cache)
+        assert after.step_weights.model is b
+        fresh, _ = b.decode(tgt[:, 1:2], memory, replace(cache, step_weights=None))
+    torch.testing.assert_close(logits, fresh)
 
 
 def test_grouped_cross_attention_weights_equal_the_ungrouped_ones():

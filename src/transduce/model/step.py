@@ -86,6 +86,7 @@ class LayerWeights:
 class StepWeights:
     """The decoder's weights, read from its modules once per search (the tensors themselves, not copies)."""
 
+    model: nn.Module  # the model they were read from: a cache passed to another model's decode is read anew
     layers: tuple[LayerWeights, ...]
     final_norm: Norm
     pre_norm: bool
@@ -100,13 +101,15 @@ class StepWeights:
                 _norm(layer.norm2), _linear(layer.cross_attn.q), _linear(layer.cross_attn.out),
                 _norm(layer.norm3), _linear(layer.ffn.w1), torch.relu_ if act is F.relu else act, _linear(layer.ffn.w2),
             ))  # fmt: skip
-        return cls(tuple(layers), _norm(model.decoder_norm), model.config.norm == "pre")
+        return cls(model, tuple(layers), _norm(model.decoder_norm), model.config.norm == "pre")
 
 
 def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
     """:meth:`~transduce.model.Transformer.decode` for ``tokens`` of shape (B, 1), in inference: the logits (B, 1,
     tgt_vocab) of the next token and the cache extended by this position (the cache passed in is not modified)."""
-    weights = cache.step_weights or StepWeights.of(model)
+    weights = cache.step_weights
+    if weights is None or weights.model is not model:
+        weights = StepWeights.of(model)
     cfg = model.config
     rows, t, group = tokens.shape[0], cache.length, cache.group
     heads, d_k, d_model = cfg.heads, cfg.d_k, cfg.d_model
