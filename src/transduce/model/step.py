@@ -123,7 +123,8 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         # masked self-attention: the new position's keys and values into the cache, its query over all t + 1
         qkv = w.qkv(w.norm1(x) if pre else x).view(rows, 3, heads, d_k)
         kv.select(3, t).copy_(qkv.narrow(1, 1, 2).transpose(0, 1))  # kv: (2, B, h, t + 1, d_k)
-        q = qkv.as_strided((rows, heads, 1, d_k), (3 * d_model, d_k, d_k, 1))  # (B, h, 1, d_k): qkv[:, 0, :, None]
+        s_row, _, s_head, s_dim = qkv.stride()
+        q = qkv.as_strided((rows, heads, 1, d_k), (s_row, s_head, s_head, s_dim))  # qkv[:, 0, :, None]: (B, h, 1, d_k)
         a = F.scaled_dot_product_attention(q, *kv.unbind(0))  # (B, h, 1, d_k)
         x = w.self_out(a.reshape(rows, d_model), x)
         if not pre:
