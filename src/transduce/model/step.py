@@ -90,9 +90,16 @@ class StepWeights:
     layers: tuple[LayerWeights, ...]
     final_norm: Norm
     pre_norm: bool
+    embedding: Tensor  # (tgt_vocab, d_model)
+    embed_scale: float
+    positions: nn.Module  # (offset, length) -> (length, d_model)
+    output: nn.Module  # the pre-softmax projection, through packed.project
+    heads: int
+    d_k: int
 
     @classmethod
     def of(cls, model: nn.Module) -> StepWeights:
+        cfg = model.config
         layers = []
         for layer in model.decoder_layers:
             act = layer.ffn.act
@@ -101,7 +108,10 @@ class StepWeights:
                 _norm(layer.norm2), _linear(layer.cross_attn.q), _linear(layer.cross_attn.out),
                 _norm(layer.norm3), _linear(layer.ffn.w1), torch.relu_ if act is F.relu else act, _linear(layer.ffn.w2),
             ))  # fmt: skip
-        return cls(model, tuple(layers), _norm(model.decoder_norm), model.config.norm == "pre")
+        return cls(
+            model, tuple(layers), _norm(model.decoder_norm), cfg.norm == "pre", model.tgt_embed.weight,
+            model.embed_scale, model.tgt_positions, model.output, cfg.heads, cfg.d_k,
+        )  # fmt: skip
 
 
 def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
@@ -110,14 +120,12 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     weights = cache.step_weights
     if weights is None or weights.model is not model:
         weights = StepWeights.of(model)
-    cfg = model.config
     rows, t, group = tokens.shape[0], cache.length, cache.group
-    heads, d_k, d_model = cfg.heads, cfg.d_k, cfg.d_model
-    pre = weights.pre_norm
+    heads, d_k, pre, embedding = weights.heads, weights.d_k, weights.pre_norm, weights.embedding
+    d_model = heads * d_k
     self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position is written below
-    embedding = model.tgt_embed.weight
-    position = model.tgt_positions(t, 1)[0].to(embedding.dtype)
-    x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=model.embed_scale)  # (B, d_model)
+    position = weights.positions(t, 1)[0].to(embedding.dtype)
+    x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=weights.embed_scale)  # (B, d_model)
     # (methods, not indexing: `t[:, 1:]` costs several times `t.narrow(1, 1, 2)`, and a step makes dozens)
     for w, kv, (k, v) in zip(weights.layers, self_kv.unbind(0), cache.cross_kv):
         # masked self-attention: the new position's keys and values into the cache, its query over all t + 1
@@ -139,5 +147,5 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         x = w.w2(w.activation(w.w1(w.norm3(x) if pre else x)), x)
         if not pre:
             x = w.norm3(x)
-    logits = packed.project(model.output, weights.final_norm(x)[:, None], output=True)
+    logits = packed.project(weights.output, weights.final_norm(x)[:, None], output=True)
     return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)
