@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce import ModelConfig, Transformer
-from transduce.model import DecoderCache, causal_mask, padding_mask, sinusoid
+from transduce.model import DecoderCache, causal_mask, kernels, padding_mask, sinusoid
 from transduce.model import packed as packed_module
 from transduce.model import step as step_module
 from transduce.model.quantize import quantize_int8
@@ -238,14 +238,16 @@ def _search_like_steps(model: Transformer) -> tuple[list[Tensor], DecoderCache]:
          "activation": "swish"},
         {"norm": "pre", "int8": True},
         {"norm": "post", "onednn_layers": True},
+        {"norm": "pre", "attention_kernel": False},
     ],
 )  # fmt: skip
 def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     """A search's one-token steps go through transduce.model.step.decode_step (weights read once per search, no
     module calls); they must give what the decoder's modules give, for every model option, the int8 model and
-    oneDNN layers included."""
+    oneDNN layers included, with transduce's attention kernel (the default) and with PyTorch's attention."""
     options = dict(options)
     int8, onednn_layers = options.pop("int8", False), options.pop("onednn_layers", False)
+    monkeypatch.setattr(kernels, "KERNELS", options.pop("attention_kernel", kernels.KERNELS))
     if onednn_layers and not packed_module.ONEDNN:
         pytest.skip(ONEDNN_REASON)
     model = make(**options)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transduce.model import packed
+from transduce.model import kernels, packed
 from transduce.model.cache import DecoderCache
 
 FAST_STEP = True  # set False to run every decoding step through the decoder's modules
@@ -126,6 +126,11 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position is written below
     position = weights.positions(t, 1)[0].to(embedding.dtype)
     x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=weights.embed_scale)  # (B, d_model)
+    # attention through transduce's kernel (kernels.py) for float32 on the CPU, else PyTorch's
+    kernel = kernels.attention_kernel() if x.dtype == torch.float32 and x.device.type == "cpu" else None
+    memory_mask, scale = cache.memory_mask, d_k**-0.5
+    if kernel is not None and memory_mask is not None:
+        memory_mask = memory_mask[:, 0, 0]  # (B / group, S)
     # (methods, not indexing: `t[:, 1:]` costs several times `t.narrow(1, 1, 2)`, and a step makes dozens)
     for w, kv, (k, v) in zip(weights.layers, self_kv.unbind(0), cache.cross_kv):
         # masked self-attention: the new position's keys and values into the cache, its query over all t + 1
@@ -133,14 +138,20 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         kv.select(3, t).copy_(qkv.narrow(1, 1, 2).transpose(0, 1))  # kv: (2, B, h, t + 1, d_k)
         s_row, _, s_head, s_dim = qkv.stride()
         q = qkv.as_strided((rows, heads, 1, d_k), (s_row, s_head, s_head, s_dim))  # qkv[:, 0, :, None]: (B, h, 1, d_k)
-        a = F.scaled_dot_product_attention(q, *kv.unbind(0))  # (B, h, 1, d_k)
+        if kernel is not None:
+            a = kernel.attend(q, *kv.unbind(0), None, scale)  # (B, 1, h, d_k)
+        else:
+            a = F.scaled_dot_product_attention(q, *kv.unbind(0))  # (B, h, 1, d_k)
         x = w.self_out(a.reshape(rows, d_model), x)
         if not pre:
             x = w.norm1(x)
         # attention over the encoder output: the queries of a sentence's `group` rows together
         q = w.cross_q(w.norm2(x) if pre else x).view(rows // group, group, heads, d_k).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.memory_mask)  # (B / group, h, group, d_k)
-        x = w.cross_out(a.transpose(1, 2).reshape(rows, d_model), x)
+        if kernel is not None:
+            a = kernel.attend(q, k, v, memory_mask, scale)  # (B / group, group, h, d_k)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=memory_mask).transpose(1, 2)
+        x = w.cross_out(a.reshape(rows, d_model), x)
         if not pre:
             x = w.norm2(x)
         # feed-forward

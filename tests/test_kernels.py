@@ -1,0 +1,121 @@
+"""transduce's attention kernel for decoding steps (transduce.model.kernels, csrc/attention.cpp) against PyTorch's
+scaled_dot_product_attention, and the fallback when it cannot be built."""
+
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce import ModelConfig, Transformer
+from transduce.model import kernels
+
+NO_KERNEL = os.environ.get("TRANSDUCE_KERNELS", "1") == "0"
+pytestmark = pytest.mark.skipif(NO_KERNEL, reason="TRANSDUCE_KERNELS=0: the kernel is turned off")
+
+
+def reference(q, k, v, mask=None):
+    """What the kernel computes, by PyTorch: (N, G, H, D)."""
+    attn_mask = None if mask is None else mask[:, None, None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask).transpose(1, 2)
+
+
+def test_the_kernel_builds():
+    """CI has a compiler: the kernel must build there, or every decoding test below would test the fallback."""
+    assert kernels.attention_kernel() is not None
+    assert kernels.applies(torch.zeros(1))
+    assert not kernels.applies(torch.zeros(1, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "n, heads, queries, keys, d",
+    [(6, 4, 1, 9, 32), (3, 2, 4, 11, 64), (5, 3, 2, 1, 16), (2, 2, 3, 300, 128), (4, 1, 5, 7, 10)],
+)
+@pytest.mark.parametrize("masked", [False, True])
+def test_kernel_equals_scaled_dot_product_attention(n, heads, queries, keys, d, masked):
+    """Head sizes compiled in (32, 64, 128) and not (16, 10), one key and many, with and without a mask."""
+    g = torch.Generator().manual_seed(n * keys + d)
+    q, k, v = (torch.randn(n, heads, t, d, generator=g) * 2 for t in (queries, keys, keys))
+    mask = None
+    if masked:
+        mask = torch.rand(n, keys, generator=g) > 0.4
+        mask[:, 0] = True  # every query has a key to attend
+    out = kernels.attend(q, k, v, mask)
+    assert out.shape == (n, queries, heads, d) and out.is_contiguous()
+    torch.testing.assert_close(out, reference(q, k, v, mask), atol=2e-6, rtol=1e-5)
+
+
+def test_kernel_reads_strided_views_as_the_decoding_step_passes_them():
+    """Queries as a strided view of a fused projection, keys and values as slices of the stacked cache, the mask as
+    a view of a (N, 1, 1, T) mask: the kernel reads them through their strides, no copies."""
+    g = torch.Generator().manual_seed(0)
+    rows, heads, d, t = 6, 4, 8, 5
+    qkv = torch.randn(rows, 3, heads, d, generator=g)
+    s_row, _, s_head, s_dim = qkv.stride()
+    q = qkv.as_strided((rows, heads, 1, d), (s_row, s_head, s_head, s_dim))
+    cache = torch.randn(2, 2, rows, heads, t + 3, d, generator=g).narrow(4, 0, t)  # (layers, k/v, ...) with room
+    k, v = cache[1].unbind(0)
+    assert not k.is_contiguous()
+    mask4 = torch.rand(rows, 1, 1, t, generator=g) > 0.3
+    mask4[..., -1] = True
+    out = kernels.attend(q, k, v, mask4[:, 0, 0])
+    expected = reference(q.contiguous(), k.contiguous(), v.contiguous(), mask4[:, 0, 0].contiguous())
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_masked_keys_get_no_weight_and_a_query_with_no_key_gets_zeros():
+    q = torch.ones(1, 1, 2, 4)
+    k = torch.zeros(2, 1, 3, 4)[:1]
+    v = torch.tensor([[[[1.0] * 4, [2.0] * 4, [1e30] * 4]]])  # a huge value on the masked key would show
+    out = kernels.attend(q, k, v, torch.tensor([[True, True, False]]))
+    assert torch.equal(out, torch.full((1, 2, 1, 4), 1.5))  # equal scores: the mean of the two keys, exactly
+    none = kernels.attend(q, k, v, torch.tensor([[False, False, False]]))
+    assert torch.equal(none, torch.zeros(1, 2, 1, 4))
+
+
+def test_kernel_rejects_what_it_cannot_read():
+    q = torch.randn(2, 1, 1, 4)
+    with pytest.raises(RuntimeError, match="float32 tensors only"):
+        kernels.attend(q.double(), q.double(), q.double())
+    with pytest.raises(RuntimeError, match="the last dimension must be dense"):
+        strided = torch.randn(2, 1, 4, 3).transpose(2, 3)  # (2, 1, 3, 4), stride 3 along the last dimension
+        kernels.attend(q, strided, strided)
+    with pytest.raises(RuntimeError, match="do not match"):
+        kernels.attend(q, torch.randn(2, 1, 3, 5), torch.randn(2, 1, 3, 5))
+    with pytest.raises(RuntimeError, match=r"the mask must be \(N, T\) bool"):
+        kernels.attend(q, q, q, torch.ones(2, 1))
+
+
+def test_when_the_kernel_cannot_be_built_decoding_warns_once_and_uses_pytorchs_attention(monkeypatch):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=20, tgt_vocab_size=20)).eval()
+    src = torch.randint(4, 20, (2, 5))
+    tgt = torch.randint(4, 20, (2, 3))
+
+    def steps():
+        with torch.inference_mode():
+            memory = model.encode(src)
+            cache = model.init_cache(memory)
+            out = []
+            for i in range(tgt.shape[1]):
+                logits, cache = model.decode(tgt[:, i : i + 1], memory, cache)
+                out.append(logits)
+        return torch.cat(out, dim=1)
+
+    with_kernel = steps()
+
+    def no_compiler():
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr(kernels, "_state", {"module": None, "error": None})
+    monkeypatch.setattr(kernels, "build", no_compiler)
+    with pytest.warns(RuntimeWarning, match=r"could not build the CPU attention kernel \(OSError: no C\+\+ compiler\)"):
+        without = steps()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process, not once per step
+        steps()
+    assert kernels.attention_kernel() is None
+    torch.testing.assert_close(without, with_kernel, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="attention kernel is not available"):
+        kernels.attend(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
