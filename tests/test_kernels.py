@@ -1,4 +1,4 @@
-"""transduce's attention kernel for decoding steps (transduce.model.kernels, csrc/attention.cpp) against PyTorch's
+"""transduce's kernels for decoding steps (transduce.model.kernels, csrc/decoding.cpp) against PyTorch's
 scaled_dot_product_attention, and the fallback when it cannot be built."""
 
 import os
@@ -23,7 +23,7 @@ def reference(q, k, v, mask=None):
 
 def test_the_kernel_builds():
     """CI has a compiler: the kernel must build there, or every decoding test below would test the fallback."""
-    assert kernels.attention_kernel() is not None
+    assert kernels.compiled() is not None
     assert kernels.applies(torch.zeros(1))
     assert not kernels.applies(torch.zeros(1, dtype=torch.bfloat16))
 
@@ -110,12 +110,40 @@ def test_when_the_kernel_cannot_be_built_decoding_warns_once_and_uses_pytorchs_a
 
     monkeypatch.setattr(kernels, "_state", {"module": None, "error": None})
     monkeypatch.setattr(kernels, "build", no_compiler)
-    with pytest.warns(RuntimeWarning, match=r"could not build the CPU attention kernel \(OSError: no C\+\+ compiler\)"):
+    with pytest.warns(RuntimeWarning, match=r"could not build the CPU decoding kernels \(OSError: no C\+\+ compiler\)"):
         without = steps()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process, not once per step
         steps()
-    assert kernels.attention_kernel() is None
+    assert kernels.compiled() is None
     torch.testing.assert_close(without, with_kernel, atol=1e-5, rtol=1e-5)
-    with pytest.raises(RuntimeError, match="attention kernel is not available"):
+    with pytest.raises(RuntimeError, match="decoding kernels are not available"):
         kernels.attend(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
+
+
+@pytest.mark.parametrize("vocab", [8000, 37, 16, 5])
+def test_logsumexp_and_row_topk_equal_torchs(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=g) * 5
+    x[1] = float("-inf")  # a row with one allowed token
+    x[1, vocab // 2] = 0.25
+    x[2, : vocab // 2] = float("-inf")
+    x[3] = float("-inf")  # nothing allowed at all
+    normaliser = kernels.logsumexp(x)
+    torch.testing.assert_close(normaliser, torch.logsumexp(x, dim=1), atol=1e-5, rtol=1e-6)
+    for k in sorted({1, min(8, vocab), vocab}):
+        values, indices = kernels.row_topk(x, k)
+        want, _ = x.topk(k, dim=1)
+        assert torch.equal(values, want)
+        assert torch.equal(x.gather(1, indices), values)  # each index points at its value
+        assert all(len(set(row)) == k for row in indices.tolist())  # no index twice, even among the -inf ones
+
+
+def test_row_topk_puts_the_smaller_index_first_among_equal_values():
+    x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0, 0.0] * 4])
+    values, indices = kernels.row_topk(x, 4)
+    assert values.tolist() == [[3.0, 3.0, 3.0, 3.0]] and indices.tolist() == [[1, 3, 4, 7]]
+    with pytest.raises(RuntimeError, match="need 1 <= k <= V, got k=25, V=24"):
+        kernels.row_topk(x, 25)
+    with pytest.raises(RuntimeError, match="dense rows"):
+        kernels.logsumexp(x.t())

@@ -246,6 +246,50 @@ def test_top_candidates_equal_one_topk_over_all_beams(vocab, monkeypatch):
     assert (beam_module._chunked_topk(total.view(6, -1), 8) is None) == (vocab in (250, 8003, 7))
 
 
+@pytest.mark.parametrize("vocab", [8000, 37, 7])
+@pytest.mark.parametrize("width", [1, 4])
+def test_candidates_from_logits_equal_beam_step_of_the_log_softmax(vocab, width):
+    """Beam search takes its candidates from the logits (a row's normaliser, then its largest logits) where the
+    kernels apply: the same as beam_step over the log-softmax, -inf (disallowed) tokens, empty beams and fewer
+    candidates than asked for (4 x 7 < 32) included."""
+    from transduce.model import kernels
+    from transduce.search.beam import top_candidates_from_logits
+
+    if not kernels.applies(torch.zeros(1)):
+        pytest.skip("transduce's kernels are not available (TRANSDUCE_KERNELS=0 or no compiler)")
+    g = torch.Generator().manual_seed(vocab + width)
+    logits = torch.randn(5 * width, vocab, generator=g) * 4
+    normaliser = torch.logsumexp(logits, dim=1)
+    logits[0] = float("-inf")  # a row forced to EOS
+    logits[0, EOS_ID] = 1.5
+    logits[1:, PAD_ID] = float("-inf")
+    scores = torch.randn(5, width, generator=g) - 3
+    if width > 1:
+        scores[2, 1:] = float("-inf")  # one live beam
+    for size in (8, 3, 32):
+        got = top_candidates_from_logits(logits.clone(), normaliser, scores, size)
+        want = beam_step((logits - normaliser[:, None]).view(5, width, vocab), scores, size)
+        torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=0)  # the same values, best first
+        finite = torch.isfinite(want[0])
+        assert torch.equal(torch.isfinite(got[0]), finite)
+        for a, b in zip(got[1:], want[1:]):  # the same tokens and beams where the score is finite (no ties here)
+            assert torch.equal(a[finite], b[finite])
+        assert got[1].shape == got[2].shape == (5, size)
+
+
+@pytest.mark.parametrize("options", [{}, {"min_len": 3, "no_repeat_ngram": 2}, {"max_len_b": 2}])
+def test_beam_search_from_logits_equals_beam_search_from_log_probs(options, monkeypatch):
+    from transduce.search import beam as beam_module
+
+    for seed in range(6):
+        model, src = random_model(seed), random_src(seed, n=5)
+        kw = {"beam": 4, "nbest": 4, "max_len_a": 1.0, "max_len_b": 6, **options}
+        got = beam_search(model, src, **kw)
+        monkeypatch.setattr(beam_module, "FROM_LOGITS", False)
+        same(got, beam_search(model, src, **kw), tol=1e-5)
+        monkeypatch.setattr(beam_module, "FROM_LOGITS", True)
+
+
 def test_beam_step_takes_top_2k_across_beams():
     log_probs = torch.log(torch.tensor([[[0.1, 0.2, 0.7], [0.5, 0.4, 0.1]]]))  # (N=1, beam=2, V=3)
     scores = torch.log(torch.tensor([[0.5, 0.5]]))

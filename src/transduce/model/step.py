@@ -127,7 +127,7 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     position = weights.positions(t, 1)[0].to(embedding.dtype)
     x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=weights.embed_scale)  # (B, d_model)
     # attention through transduce's kernel (kernels.py) for float32 on the CPU, else PyTorch's
-    kernel = kernels.attention_kernel() if x.dtype == torch.float32 and x.device.type == "cpu" else None
+    kernel = kernels.compiled() if x.dtype == torch.float32 and x.device.type == "cpu" else None
     memory_mask, scale = cache.memory_mask, d_k**-0.5
     if kernel is not None and memory_mask is not None:
         memory_mask = memory_mask[:, 0, 0]  # (B / group, S)

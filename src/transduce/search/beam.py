@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transduce.model import kernels
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
@@ -88,6 +89,41 @@ def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
         top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
         tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (tokens, beams))
     return top_scores, tokens, beams
+
+
+FROM_LOGITS = True  # set False to take the candidates from a full log-softmax even where the kernels apply
+
+
+def top_candidates_from_logits(
+    logits: Tensor, normaliser: Tensor, scores: Tensor, size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`beam_step` from the logits, through transduce's kernels (:mod:`transduce.model.kernels`): the same
+    candidates as ``beam_step(logits - normaliser[:, None], scores, size)`` (up to float rounding, and the order of
+    equal scores), in one pass over the logits instead of a log-probability array written, summed and searched.
+
+    Within a row the log-probability is ``logit - normaliser``, a shift that keeps the row's order, so the best
+    candidates of a sentence are among the ``size`` largest logits of each of its rows.
+
+    Args:
+        logits: (N * beam, V) float32 CPU logits with dense rows, -inf where a token is not allowed.
+        normaliser: (N * beam,) logsumexp of each row of the model's logits (before tokens were disallowed).
+        scores: (N, beam) cumulative log-probabilities of the live hypotheses.
+        size: candidates per sentence.
+    Returns:
+        ``(scores, tokens, beams)`` as :func:`beam_step` returns them.
+    """
+    n, beam = scores.shape
+    vocab = logits.shape[1]
+    k = min(size, vocab)
+    values, tokens = kernels.row_topk(logits, k)  # (N * beam, k), largest first
+    total = values.sub_(normaliser[:, None]).view(n, beam, k).add_(scores[:, :, None]).view(n, beam * k)
+    top_scores, flat = total.topk(min(size, beam * k), dim=1)
+    cand_tokens, beams = tokens.view(n, beam * k).gather(1, flat), flat.div(k, rounding_mode="floor")
+    if size > beam * k:  # fewer candidates than asked for: pad with invalid ones
+        pad = size - beam * k
+        top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
+        cand_tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (cand_tokens, beams))
+    return top_scores, cand_tokens, beams
 
 
 def reorder_beams(cache: Any, index: Tensor) -> Any:
@@ -199,14 +235,17 @@ def beam_search(
             logits, cache = model.decode(tokens_in, memory, cache)
         else:
             logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
-        log_probs = next_token_log_probs(logits)  # (rows, V)
-        constrain(
-            log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
-            no_repeat_ngram=no_repeat_ngram,
-        )  # fmt: skip
         m = alive.shape[0]
-        total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
-        cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
+        last = logits[:, -1]  # (rows, V)
+        limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
+        if FROM_LOGITS and kernels.applies(last) and last.is_contiguous():
+            normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
+            constrain(last, step, **limits)
+            cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
+        else:
+            log_probs = constrain(next_token_log_probs(logits), step, **limits)  # (rows, V)
+            total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
+            cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
         cand_eos = cand_tokens.eq(cfg.eos_id)
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses

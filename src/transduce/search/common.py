@@ -104,7 +104,8 @@ def constrain(
     history: Tensor,
     no_repeat_ngram: int,
 ) -> Tensor:
-    """Mask (to -inf, in place) the tokens that may not come next; the others keep their log-probability.
+    """Mask (to -inf, in place) the tokens that may not come next; the others keep their log-probability (or logit:
+    beam search masks the logits when it takes its candidates from them).
 
     Rules: PAD and BOS are never generated; EOS not before ``min_len`` tokens; only EOS once ``max_len`` tokens are
     generated (this wins over ``min_len``); no n-gram of size ``no_repeat_ngram`` twice in a hypothesis.

@@ -1,0 +1,308 @@
+// CPU kernels for the decoding step, float32: transduce.model.kernels builds this file on first use
+// (torch.utils.cpp_extension).
+//
+// attend: the attention of a step, a few queries per (sentence, head) over a short cache.
+// transduce.model.step.decode_step calls it instead of torch's scaled_dot_product_attention, whose cost per
+// (row, head) is made for long query blocks: for the one new query of a step it spent about 0.1-0.4 ms a call on
+// the Multi30k model, of which the arithmetic is a few microseconds (see RESULTS_speed.md).
+// For each (n, h): scores = q k^T * scale over the T keys (masked keys excluded), softmax, weighted sum of v. The
+// same formula as scaled_dot_product_attention (max-subtracted softmax in float32); the exponential is a
+// polynomial accurate to about two units in the last place, so the outputs agree to float rounding, not bit for
+// bit. A query with no key left to attend (every key masked) gets zeros.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// e^x for x <= 0; 0 below -87 (where e^x leaves float's normal range) and for -inf. Cody-Waite reduction
+// x = n ln2 + r, |r| <= ln2 / 2, and a degree-6 polynomial for e^r (Cephes' expf coefficients), branch-free so
+// that the loops calling it are vectorised.
+inline float exp_nonpositive(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  const float n = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &y, sizeof bits);
+  bits += static_cast<int32_t>(n) << 23;
+  std::memcpy(&y, &bits, sizeof y);
+  return x < -87.0f ? 0.0f : y;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define TRANSDUCE_AVX2 1
+// exp_nonpositive on 8 floats at once (the same steps and constants).
+inline __m256 exp_nonpositive8(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  const __m256 xc = _mm256_max_ps(x, low);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), scale));
+  return _mm256_andnot_ps(under, y);
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float horizontal_max(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// sum over j < n of exp(x[j] - shift), writing each term to out[j] when out is not null (x[j] <= shift).
+inline float sum_exp(const float* x, float shift, int64_t n, float* out) {
+  int64_t j = 0;
+  float sum = 0.0f;
+#ifdef TRANSDUCE_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
+    if (out != nullptr) _mm256_storeu_ps(out + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = horizontal_sum(acc);
+#endif
+  for (; j < n; ++j) {
+    const float e = exp_nonpositive(x[j] - shift);
+    if (out != nullptr) out[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// max over j < n of x[j] (-inf when n == 0).
+inline float max_of(const float* x, int64_t n) {
+  int64_t j = 0;
+  float top = kNegInf;
+#ifdef TRANSDUCE_AVX2
+  __m256 acc = _mm256_set1_ps(kNegInf);
+  for (; j + 8 <= n; j += 8) acc = _mm256_max_ps(acc, _mm256_loadu_ps(x + j));
+  top = horizontal_max(acc);
+#endif
+  for (; j < n; ++j) top = x[j] > top ? x[j] : top;
+  return top;
+}
+
+// One query over T keys. D > 0: the head size fixed at compile time (the loops unrolled, the accumulator in
+// registers); D == 0: the head size d at run time.
+template <int64_t D>
+void attend_one(const float* __restrict q, const float* __restrict k, int64_t k_step, const float* __restrict v,
+                int64_t v_step, const bool* mask, int64_t mask_step, int64_t T, int64_t d, float scale,
+                float* __restrict p, float* __restrict acc, float* __restrict out) {
+  const int64_t dim = D > 0 ? D : d;
+  float top = kNegInf;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* kt = k + t * k_step;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < dim; ++i) s += q[i] * kt[i];
+    s = (mask == nullptr || mask[t * mask_step]) ? s * scale : kNegInf;
+    p[t] = s;
+    top = s > top ? s : top;
+  }
+  if (top == kNegInf) {  // nothing to attend
+    for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
+    return;
+  }
+  const float sum = sum_exp(p, top, T, p);
+  for (int64_t i = 0; i < dim; ++i) acc[i] = 0.0f;
+  for (int64_t t = 0; t < T; ++t) {
+    const float w = p[t];
+    const float* vt = v + t * v_step;
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) acc[i] += w * vt[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < dim; ++i) out[i] = acc[i] * inv;
+}
+
+}  // namespace
+
+// q: (N, H, G, D), k and v: (N, H, T, D), mask: (N, T) bool (true: attend) or None; any strides but a unit
+// stride along D (and T for the mask). Returns (N, G, H, D), contiguous: the heads of each query side by side.
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const c10::optional<torch::Tensor>& mask, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attend: q, k and v must be 4-D");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "attend: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "attend: float32 tensors only");
+  const int64_t N = q.size(0), H = q.size(1), G = q.size(2), d = q.size(3), T = k.size(2);
+  TORCH_CHECK(k.size(0) == N && k.size(1) == H && k.size(3) == d && v.size(0) == N && v.size(1) == H &&
+                  v.size(2) == T && v.size(3) == d,
+              "attend: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(), " do not match");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "attend: the last dimension must be dense");
+  const bool* mask_data = nullptr;
+  int64_t mask_row = 0, mask_step = 0;
+  if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == N && mask->size(1) == T,
+                "attend: the mask must be (N, T) bool, got ", mask->sizes(), " ", mask->scalar_type());
+    mask_data = mask->data_ptr<bool>();
+    mask_row = mask->stride(0);
+    mask_step = mask->stride(1);
+  }
+  auto out = torch::empty({N, G, H, d}, q.options());
+  const float* qd = q.data_ptr<float>();
+  const float* kd = k.data_ptr<float>();
+  const float* vd = v.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t q0 = q.stride(0), q1 = q.stride(1), q2 = q.stride(2);
+  const int64_t k0 = k.stride(0), k1 = k.stride(1), k2 = k.stride(2);
+  const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, G * T * d));
+  at::parallel_for(0, N * H, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(T + d);
+    float* p = scratch.data();
+    float* acc = p + T;
+    for (int64_t nh = begin; nh < end; ++nh) {
+      const int64_t n = nh / H, h = nh % H;
+      const float* kb = kd + n * k0 + h * k1;
+      const float* vb = vd + n * v0 + h * v1;
+      const bool* m = mask_data == nullptr ? nullptr : mask_data + n * mask_row;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qg = qd + n * q0 + h * q1 + g * q2;
+        float* o = od + ((n * G + g) * H + h) * d;
+        switch (d) {
+          case 32: attend_one<32>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o); break;
+          case 64: attend_one<64>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o); break;
+          case 128: attend_one<128>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o); break;
+          default: attend_one<0>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// logsumexp and row_topk: what beam search needs of the next-token distribution, without writing it. The
+// search's candidates are the best 2 x beam (hypothesis score + log-probability) of each sentence; within one row
+// the log-probability is logit - logsumexp(logits), a constant shift, so the best candidates of a row are its
+// largest logits. transduce.search.beam takes the logsumexp of each row (before the search masks tokens), then
+// the top logits of each row (after), instead of a full log-softmax, a sum and a top-k over beam x vocabulary
+// values: two passes over the logits where that took five (RESULTS_speed.md).
+
+// x: (R, V); returns (R,): log(sum(exp(x))) of each row, as max + log(sum(exp(x - max))).
+torch::Tensor logsumexp(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
+              "logsumexp: x must be a (R, V) float32 CPU tensor with dense rows");
+  const int64_t R = x.size(0), V = x.size(1), row = x.stride(0);
+  auto out = torch::empty({R}, x.options());
+  const float* xd = x.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xd + r * row;
+      const float top = max_of(xr, V);
+      if (top == kNegInf || top == -kNegInf) {  // every logit -inf, or one +inf: as torch.logsumexp
+        od[r] = top;
+        continue;
+      }
+      od[r] = top + std::log(sum_exp(xr, top, V, nullptr));
+    }
+  });
+  return out;
+}
+
+// x: (R, V) with V >= k >= 1; returns (values (R, k) float32, indices (R, k) int64): the k largest values of each
+// row, largest first; among equal values the one with the smaller index first (-inf values included, NaN not
+// expected). One pass: a value is compared with the k-th best so far and inserted only when larger.
+std::vector<torch::Tensor> row_topk(const torch::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
+              "row_topk: x must be a (R, V) float32 CPU tensor with dense rows");
+  const int64_t R = x.size(0), V = x.size(1), row = x.stride(0);
+  TORCH_CHECK(k >= 1 && k <= V, "row_topk: need 1 <= k <= V, got k=", k, ", V=", V);
+  auto values = torch::empty({R, k}, x.options());
+  auto indices = torch::empty({R, k}, x.options().dtype(at::kLong));
+  const float* xd = x.data_ptr<float>();
+  float* vd = values.data_ptr<float>();
+  int64_t* id = indices.data_ptr<int64_t>();
+  at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xd + r * row;
+      float* best = vd + r * k;
+      int64_t* where = id + r * k;
+      int64_t n = 0;  // filled slots
+      auto insert = [&](float value, int64_t j) {
+        int64_t pos = n < k ? n++ : k - 1;
+        while (pos > 0 && best[pos - 1] < value) {  // strict: an equal value already there stays ahead
+          best[pos] = best[pos - 1];
+          where[pos] = where[pos - 1];
+          --pos;
+        }
+        best[pos] = value;
+        where[pos] = j;
+      };
+      int64_t j = 0;
+      for (; j < k; ++j) insert(xr[j], j);
+      constexpr int64_t kBlock = 16;
+      for (; j < V && j % kBlock != 0; ++j)
+        if (xr[j] > best[k - 1]) insert(xr[j], j);
+      for (; j + kBlock <= V; j += kBlock) {
+        const float threshold = best[k - 1];
+#ifdef TRANSDUCE_AVX2
+        const __m256 t8 = _mm256_set1_ps(threshold);
+        const int any = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(xr + j), t8, _CMP_GT_OQ)) |
+                        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(xr + j + 8), t8, _CMP_GT_OQ));
+#else
+        int any = 0;
+        for (int64_t i = 0; i < kBlock; ++i) any |= xr[j + i] > threshold;
+#endif
+        if (!any) continue;  // the usual case once the first few hundred values are in
+        for (int64_t i = 0; i < kBlock; ++i)
+          if (xr[j + i] > best[k - 1]) insert(xr[j + i], j + i);
+      }
+      for (; j < V; ++j)
+        if (xr[j] > best[k - 1]) insert(xr[j], j);
+    }
+  });
+  return {values, indices};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend, "attention of a decoding step", pybind11::arg("q"), pybind11::arg("k"),
+        pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"));
+  m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"));
+  m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
+        pybind11::arg("k"));
+}
