@@ -458,3 +458,35 @@ def test_trained_reversal_model_is_exact():
     beams = beam_search(model, src, beam=4, nbest=4)
     assert [hyps[0].tokens for hyps in beams] == expected
     assert [hyps[0].tokens for hyps in beam_search(model, src, use_cache=False)] == expected
+
+
+def test_searches_pause_the_garbage_collector_and_restore_it(monkeypatch):
+    import gc
+
+    model, src = random_model(0), random_src(0)
+    seen = []
+    decode = model.decode
+
+    def recording_decode(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(model, "decode", recording_decode)
+    assert gc.isenabled()
+    beam_search(model, src, beam=2)
+    greedy_search(model, src)
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()  # off before the search: stays off after it
+    try:
+        beam_search(model, src, beam=2)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def failing_decode(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(model, "decode", failing_decode)
+    with pytest.raises(RuntimeError, match="boom"):
+        beam_search(model, src, beam=2)
+    assert gc.isenabled()  # back on after a failed search too

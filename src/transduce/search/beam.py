@@ -28,6 +28,7 @@ from transduce.search.common import (
     check_length_penalty,
     constrain,
     final_score,
+    gc_paused,
     max_lengths,
     next_token_log_probs,
 )
@@ -167,6 +168,7 @@ class _Finished:
         self.worst[index] = torch.tensor(worst, device=self.worst.device)
 
 
+@gc_paused
 @torch.inference_mode()
 def beam_search(
     model: SearchModel,

@@ -16,6 +16,7 @@ from transduce.search.common import (
     check_length_penalty,
     constrain,
     final_score,
+    gc_paused,
     max_lengths,
     next_token_log_probs,
 )
@@ -82,6 +83,7 @@ def _decode_rows(
     return out  # type: ignore[return-value]
 
 
+@gc_paused
 @torch.inference_mode()
 def greedy_search(
     model: SearchModel,
@@ -133,6 +135,7 @@ def filter_logits(log_probs: Tensor, *, temperature: float = 1.0, top_k: int = 0
     return logits
 
 
+@gc_paused
 @torch.inference_mode()
 def sample(
     model: SearchModel,
