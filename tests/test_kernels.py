@@ -64,6 +64,24 @@ def test_kernel_reads_strided_views_as_the_decoding_step_passes_them():
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("d", [32, 12])
+def test_attention_by_table_equals_attention_over_the_gathered_cache(d):
+    """The self-attention of a step over a cache stored by position: row b reads position t from slab row
+    table[b, t]; the same as attending over the keys and values gathered row by row."""
+    g = torch.Generator().manual_seed(d)
+    rows, heads, positions, capacity, slab_rows = 5, 3, 6, 8, 7
+    storage = torch.randn(2, capacity, slab_rows, heads, d, generator=g)
+    table = torch.randint(0, slab_rows, (rows, positions), generator=g)
+    q = torch.randn(rows, heads, 1, d, generator=g)
+    k, v = storage.unbind(0)
+    out = kernels.compiled().attend_by_table(q, k, v, table, d**-0.5)
+    at = torch.arange(positions)[None, :]
+    gathered_k, gathered_v = (x[at, table].transpose(1, 2) for x in (k, v))  # (rows, heads, positions, d)
+    torch.testing.assert_close(out, reference(q, gathered_k, gathered_v), atol=2e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="table entry 7 outside the 7 rows"):
+        kernels.compiled().attend_by_table(q, k, v, table.clamp(max=6).index_fill(1, torch.tensor([2]), 7), 1.0)
+
+
 def test_masked_keys_get_no_weight_and_a_query_with_no_key_gets_zeros():
     q = torch.ones(1, 1, 2, 4)
     k = torch.zeros(2, 1, 3, 4)[:1]

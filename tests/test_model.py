@@ -239,6 +239,7 @@ def _search_like_steps(model: Transformer) -> tuple[list[Tensor], DecoderCache]:
         {"norm": "pre", "int8": True},
         {"norm": "post", "onednn_layers": True},
         {"norm": "pre", "attention_kernel": False},
+        {"norm": "post", "by_position": False},
     ],
 )  # fmt: skip
 def test_decoding_step_function_equals_the_modules(monkeypatch, options):
@@ -248,6 +249,8 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     options = dict(options)
     int8, onednn_layers = options.pop("int8", False), options.pop("onednn_layers", False)
     monkeypatch.setattr(kernels, "KERNELS", options.pop("attention_kernel", kernels.KERNELS))
+    by_position = options.pop("by_position", True)
+    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0 if by_position else 10**9)
     if onednn_layers and not packed_module.ONEDNN:
         pytest.skip(ONEDNN_REASON)
     model = make(**options)
@@ -259,13 +262,62 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", onednn_layers)
     fast, fast_cache = _search_like_steps(model)
     assert fast_cache.step_weights is not None  # the step function ran and passed its weights on
+    assert (fast_cache.table is not None) == (kernels.KERNELS and by_position)  # the cache stored by position
     monkeypatch.setattr(step_module, "FAST_STEP", False)
     slow, slow_cache = _search_like_steps(model)
     assert slow_cache.step_weights is None
     for a, b in zip(fast, slow, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fast_cache.self_kv, slow_cache.self_kv, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast_cache.rows(), slow_cache.rows(), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(fast[-1][0], fast[-1][1])  # rows decode different things
+
+
+def _steps_through_modules(model, src, tokens):
+    """Logits of every position of ``tokens`` (B, T) decoded one at a time through the decoder's modules."""
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache, out = model.init_cache(memory), []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(step_module, "FAST_STEP", False)
+            for i in range(tokens.shape[1]):
+                logits, cache = model.decode(tokens[:, i : i + 1], memory, cache)
+                out.append(logits)
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.skipif(not kernels.KERNELS, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
+def test_a_cache_stored_by_position_grows_and_stays_immutable_when_a_search_branches(monkeypatch):
+    """The step function's cache (with the kernels) is written in place; it must grow past its first capacity, and
+    decoding twice from one cache must leave each result as if the other had not happened."""
+    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)  # (the test's sources are short)
+    model = make("pre")
+    src, _ = batch()
+    length = 2 * step_module.FIRST_CAPACITY + 3  # grows twice
+    tokens = torch.randint(4, V, (3, length), generator=torch.Generator().manual_seed(5))
+    tokens[:, 0] = BOS_ID
+    expected = _steps_through_modules(model, src, tokens)
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache, out = model.init_cache(memory), []
+        for i in range(length):
+            logits, cache = model.decode(tokens[:, i : i + 1], memory, cache)
+            out.append(logits)
+            if i == 5:
+                branch_point = cache
+        assert cache.table is not None and cache.self_kv.shape[2] == 4 * step_module.FIRST_CAPACITY
+        torch.testing.assert_close(torch.cat(out, dim=1), expected, atol=1e-5, rtol=1e-5)
+        # branch: two different tokens from the same cache, then one more step from each
+        other = tokens[:, 6:7].flip(0)
+        a_logits, a = model.decode(tokens[:, 6:7], memory, branch_point)
+        b_logits, b = model.decode(other, memory, branch_point)
+        a_next, _ = model.decode(tokens[:, 7:8], memory, a)
+        b_next, _ = model.decode(tokens[:, 7:8], memory, b)
+    torch.testing.assert_close(a_logits, expected[:, 6:7], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a_next, expected[:, 7:8], atol=1e-5, rtol=1e-5)  # b's write did not touch a's cache
+    branched = _steps_through_modules(model, src, torch.cat([tokens[:, :6], other, tokens[:, 7:8]], dim=1))
+    torch.testing.assert_close(b_logits, branched[:, 6:7], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b_next, branched[:, 7:8], atol=1e-5, rtol=1e-5)
+    assert b.self_kv is not a.self_kv  # the second branch copied the storage
 
 
 def test_a_cache_handed_to_another_model_is_decoded_with_that_models_weights():

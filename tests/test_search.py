@@ -352,6 +352,20 @@ def test_cache_equals_no_cache(alpha, norm):
         same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
 
 
+def test_cache_stored_by_position_equals_no_cache(monkeypatch):
+    """With the kernels, long sources get a self-attention cache stored by position (never gathered); searches
+    through it (beams re-ordered, finished sentences dropped) equal searches without a cache."""
+    from transduce.model import step as step_module
+
+    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)  # the test's sources are short
+    for seed in range(6):
+        model, src = random_model(seed), random_src(seed, n=5)
+        kw = dict(beam=4, nbest=4, length_penalty=0.6, max_len_a=1.0, max_len_b=5)
+        same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
+        greedy = greedy_search(model, src, max_len_b=5)
+        assert [h.tokens for h in greedy] == [h[0].tokens for h in beam_search(model, src, beam=1, max_len_b=5)]
+
+
 def test_cache_equals_no_cache_pre_norm_learned_positions():
     for seed in range(4):
         model, src = random_model(seed, norm="pre", positions="learned", max_positions=8), random_src(seed)

@@ -50,9 +50,18 @@ class DecoderCache:
     positions, one copy of the cache per step instead of two (``index_select`` then ``torch.cat``). The keys and
     values of all layers live in one tensor, so that this takes one operation per step, not two per layer.
 
+    Stored by position (``table`` set; what :func:`transduce.model.step.decode_step` makes when transduce's kernels
+    run the attention): the keys and values of each position are written once, at the step that computes them,
+    into a slab of a storage that grows by doubling, and a (B, t) table says which slab row each batch row reads
+    at each position. Re-indexing rows re-indexes the table (B x t ids), and no step copies the cache: copying it
+    was 8% of a Multi30k beam search and half of beam search's time at 400 tokens. The storage is shared by the
+    caches of one search, each seeing only its first ``length`` positions; decoding twice from one cache (a
+    search that branches) copies the storage first, so every cache still means what it meant.
+
     Attributes:
         self_kv: (layers, 2, B', h, t, d_k): ``self_kv[i]`` is decoder layer i's self-attention keys (``[i, 0]``)
-            and values (``[i, 1]``) of every position decoded so far.
+            and values (``[i, 1]``) of every position decoded so far; with ``table``, the storage (layers, 2,
+            capacity, slab rows, h, d_k) instead: position p of batch row b is ``self_kv[:, :, p, table[b, p]]``.
         cross_kv: per decoder layer, the cross-attention (k, v) of the encoder output, each (B / group, h, S, d_k);
             computed once per source sentence.
         memory_mask: (B / group, 1, 1, S) bool source mask, or None.
@@ -60,6 +69,9 @@ class DecoderCache:
         order: (B,) long: row ``r`` of the batch is row ``order[r]`` of ``self_kv``; None: the identity (B' = B).
         step_weights: the decoder's weights as :func:`transduce.model.step.decode_step` reads them, gathered at the
             first step of a search and passed on with the cache (None until then).
+        table: (B, t) long, for a cache stored by position; None otherwise.
+        written: for a cache stored by position, ``[n]``, shared by every cache on the same storage: the positions
+            written to it so far (a step writes in place only when its cache has seen them all).
     """
 
     self_kv: Tensor
@@ -68,32 +80,44 @@ class DecoderCache:
     group: int = 1
     order: Tensor | None = None
     step_weights: Any = field(default=None, compare=False, repr=False)
+    table: Tensor | None = None
+    written: list[int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def length(self) -> int:
         """Number of target positions already in the cache (the next token's position)."""
-        return self.self_kv.shape[4]
+        return self.self_kv.shape[4] if self.table is None else self.table.shape[1]
 
     @property
     def batch_size(self) -> int:
         return self.cross_kv[0][0].shape[0] * self.group
 
     def rows(self) -> Tensor:
-        """``self_kv`` in the batch's row order (a copy when rows were re-indexed since the last decoding step)."""
+        """The self-attention keys/values (layers, 2, B, h, t, d_k) in the batch's row order (a copy when rows
+        were re-indexed since the last decoding step, and for a cache stored by position)."""
+        if self.table is not None:
+            positions = torch.arange(self.length, device=self.table.device)
+            kv = self.self_kv[:, :, positions[None, :], self.table]  # (layers, 2, B, t, h, d_k)
+            return kv.transpose(3, 4).contiguous()
         return self.self_kv if self.order is None else self.self_kv.index_select(2, self.order)
 
     def _take(self, index: Tensor) -> Tensor:
-        """The ``order`` after taking the batch rows ``index``."""
+        """The ``order`` after taking the batch rows ``index`` (the ``table``'s rows, for a cache stored by
+        position)."""
+        if self.table is not None:
+            return self.table.index_select(0, index)
         return index if self.order is None else self.order.index_select(0, index)
 
-    def _with(self, order: Tensor, sentences: Tensor | None, group: int) -> DecoderCache:
-        """This cache with the self-attention row ``order`` and the cross-attention rows ``sentences`` (None:
-        unchanged)."""
-        if sentences is None:
-            return DecoderCache(self.self_kv, self.cross_kv, self.memory_mask, group, order, self.step_weights)
-        cross_kv = tuple((k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in self.cross_kv)
-        mask = None if self.memory_mask is None else self.memory_mask.index_select(0, sentences)
-        return DecoderCache(self.self_kv, cross_kv, mask, group, order, self.step_weights)
+    def _with(self, rows: Tensor, sentences: Tensor | None, group: int) -> DecoderCache:
+        """This cache with the self-attention rows ``rows`` (what :meth:`_take` gives: the new ``order``, or the new
+        ``table``) and the cross-attention rows ``sentences`` (None: unchanged)."""
+        cross_kv, mask = self.cross_kv, self.memory_mask
+        if sentences is not None:
+            cross_kv = tuple((k.index_select(0, sentences), v.index_select(0, sentences)) for k, v in cross_kv)
+            mask = None if mask is None else mask.index_select(0, sentences)
+        if self.table is not None:
+            return DecoderCache(self.self_kv, cross_kv, mask, group, None, self.step_weights, rows, self.written)
+        return DecoderCache(self.self_kv, cross_kv, mask, group, rows, self.step_weights)
 
     def reorder(self, index: Tensor) -> DecoderCache:
         """Cache for the rows ``index`` (1-D long, rows may repeat, in any order).

@@ -31,6 +31,11 @@ from transduce.model import kernels, packed
 from transduce.model.cache import DecoderCache
 
 FAST_STEP = True  # set False to run every decoding step through the decoder's modules
+BY_POSITION = True  # set False to gather the self-attention cache at every step even where the kernels run
+# ... for batches whose padded source is at least this long: below it, where outputs are short, storing by position
+# and gathering cost the same (Multi30k: 0.98-0.99x), above it storing by position wins (beam 4, the `small` model:
+# 1.04x at 50 tokens, 1.09x at 100, 1.27x at 400; benchmarks/RESULTS_speed.md)
+BY_POSITION_MIN_SOURCE = 32
 
 Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
 Norm = Callable[[Tensor], Tensor]
@@ -123,11 +128,20 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     rows, t, group = tokens.shape[0], cache.length, cache.group
     heads, d_k, pre, embedding = weights.heads, weights.d_k, weights.pre_norm, weights.embedding
     d_model = heads * d_k
-    self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position is written below
+    # attention through transduce's kernels (kernels.py) for float32 on the CPU, else PyTorch's; with the kernels
+    # the self-attention cache is stored by position (DecoderCache.table): written in place, never gathered
+    kernel = kernels.compiled() if embedding.dtype == torch.float32 and embedding.device.type == "cpu" else None
+    by_table = kernel is not None and (
+        cache.table is not None or (t == 0 and BY_POSITION and cache.cross_kv[0][0].shape[2] >= BY_POSITION_MIN_SOURCE)
+    )
+    if by_table:
+        self_kv, written = _storage(cache, weights, rows)  # (layers, 2, capacity, slab rows, h, d_k)
+        column = torch.arange(rows, device=embedding.device)[:, None]  # this step's rows write slab rows 0 .. B - 1
+        table = column if t == 0 else torch.cat([cache.table, column], dim=1)  # (B, t + 1)
+    else:
+        self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position written below
     position = weights.positions(t, 1)[0].to(embedding.dtype)
     x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=weights.embed_scale)  # (B, d_model)
-    # attention through transduce's kernel (kernels.py) for float32 on the CPU, else PyTorch's
-    kernel = kernels.compiled() if x.dtype == torch.float32 and x.device.type == "cpu" else None
     memory_mask, scale = cache.memory_mask, d_k**-0.5
     if kernel is not None and memory_mask is not None:
         memory_mask = memory_mask[:, 0, 0]  # (B / group, S)
@@ -135,10 +149,16 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     for w, kv, (k, v) in zip(weights.layers, self_kv.unbind(0), cache.cross_kv):
         # masked self-attention: the new position's keys and values into the cache, its query over all t + 1
         qkv = w.qkv(w.norm1(x) if pre else x).view(rows, 3, heads, d_k)
-        kv.select(3, t).copy_(qkv.narrow(1, 1, 2).transpose(0, 1))  # kv: (2, B, h, t + 1, d_k)
+        new_kv = qkv.narrow(1, 1, 2).transpose(0, 1)  # (2, B, h, d_k)
+        if by_table:
+            kv.select(1, t).narrow(1, 0, rows).copy_(new_kv)  # kv: (2, capacity, slab rows, h, d_k)
+        else:
+            kv.select(3, t).copy_(new_kv)  # kv: (2, B, h, t + 1, d_k)
         s_row, _, s_head, s_dim = qkv.stride()
         q = qkv.as_strided((rows, heads, 1, d_k), (s_row, s_head, s_head, s_dim))  # qkv[:, 0, :, None]: (B, h, 1, d_k)
-        if kernel is not None:
+        if by_table:
+            a = kernel.attend_by_table(q, *kv.unbind(0), table, scale)  # (B, 1, h, d_k)
+        elif kernel is not None:
             a = kernel.attend(q, *kv.unbind(0), None, scale)  # (B, 1, h, d_k)
         else:
             a = F.scaled_dot_product_attention(q, *kv.unbind(0))  # (B, h, 1, d_k)
@@ -159,4 +179,35 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         if not pre:
             x = w.norm3(x)
     logits = packed.project(weights.output, weights.final_norm(x)[:, None], output=True)
+    if by_table:
+        return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, None, weights, table, written)
     return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)
+
+
+FIRST_CAPACITY = 16  # positions of a new by-position storage; it doubles when full
+
+
+def _storage(cache: DecoderCache, weights: StepWeights, rows: int) -> tuple[Tensor, list[int]]:
+    """The by-position storage a step writes its position ``t = cache.length`` into, and its ``written`` count
+    (already counting position t): the cache's own when no other step has written position t there yet and it has
+    room; else a new one, twice as long when it was full, with the cache's t positions copied (the old storage is
+    left as it was, for the caches that use it)."""
+    layers, heads, d_k, t = len(weights.layers), weights.heads, weights.d_k, cache.length
+    if cache.table is None:  # the first step
+        return _new_storage(weights.embedding, layers, FIRST_CAPACITY, rows, heads, d_k), [1]
+    storage, written = cache.self_kv, cache.written
+    capacity, slab_rows = storage.shape[2], storage.shape[3]
+    if written[0] == t and t < capacity and rows <= slab_rows:
+        written[0] = t + 1
+        return storage, written
+    capacity = 2 * capacity if t >= capacity else capacity
+    grown = _new_storage(storage, layers, capacity, max(rows, slab_rows), heads, d_k)
+    grown[:, :, :t, :slab_rows].copy_(storage[:, :, :t])
+    return grown, [t + 1]
+
+
+def _new_storage(like: Tensor, layers: int, capacity: int, slab_rows: int, heads: int, d_k: int) -> Tensor:
+    """An uninitialised by-position storage, indexed (layer, k/v, position, slab row, head, :) but laid out with
+    the positions of each (slab row, head) next to each other: a row whose ancestors kept their slab row reads its
+    keys and values as one run of memory (greedy search's rows always do)."""
+    return like.new_empty(layers, 2, slab_rows, heads, capacity, d_k).permute(0, 1, 4, 2, 3, 5)

@@ -148,19 +148,19 @@ class Transformer(nn.Module):
 
     def _extended_self_kv(self, cache: DecoderCache, new: int) -> Tensor | list[Tensor]:
         """The cache's self-attention keys/values gathered in the batch's row order (``cache.order``) into a new
-        tensor with ``new`` more positions, which the decoder layers fill: one copy of the cache, in one operation.
+        tensor with ``new`` more positions, which the decoder layers fill: one copy of the cache, in one operation
+        (a cache stored by position, from the step function, is gathered through its table first).
 
         Under autograd, one tensor per layer instead (a layer's writes must not touch what another layer's
         attention saved for its backward pass, and ``out=`` records no gradient); :meth:`decode` stacks them."""
-        past, t = cache.self_kv, cache.length
+        t, rows, by_table = cache.length, cache.batch_size, cache.table is not None
+        past = cache.rows() if by_table or torch.is_grad_enabled() else cache.self_kv  # (layers, 2, B or B', h, t, d_k)
         layers, _, _, h, _, d_k = past.shape
-        rows = cache.batch_size
         if torch.is_grad_enabled():
-            past = cache.rows()
             return [torch.cat([past[i], past.new_zeros(2, rows, h, new, d_k)], dim=3) for i in range(layers)]
         out = past.new_empty(layers, 2, rows, h, t + new, d_k)
         if t > 0:
-            if cache.order is None:
+            if cache.order is None or by_table:
                 out.narrow(4, 0, t).copy_(past)
             else:
                 torch.index_select(past, 2, cache.order, out=out.narrow(4, 0, t))

@@ -124,16 +124,15 @@ inline float max_of(const float* x, int64_t n) {
   return top;
 }
 
-// One query over T keys. D > 0: the head size fixed at compile time (the loops unrolled, the accumulator in
-// registers); D == 0: the head size d at run time.
-template <int64_t D>
-void attend_one(const float* __restrict q, const float* __restrict k, int64_t k_step, const float* __restrict v,
-                int64_t v_step, const bool* mask, int64_t mask_step, int64_t T, int64_t d, float scale,
-                float* __restrict p, float* __restrict acc, float* __restrict out) {
+// One query over T keys; key(t) and value(t) give the addresses of key and value t. D > 0: the head size fixed
+// at compile time (the loops unrolled, the accumulator in registers); D == 0: the head size d at run time.
+template <int64_t D, class KeyAt, class ValueAt>
+void attend_one(const float* __restrict q, KeyAt key, ValueAt value, const bool* mask, int64_t mask_step, int64_t T,
+                int64_t d, float scale, float* __restrict p, float* __restrict acc, float* __restrict out) {
   const int64_t dim = D > 0 ? D : d;
   float top = kNegInf;
   for (int64_t t = 0; t < T; ++t) {
-    const float* kt = k + t * k_step;
+    const float* __restrict kt = key(t);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < dim; ++i) s += q[i] * kt[i];
@@ -149,12 +148,29 @@ void attend_one(const float* __restrict q, const float* __restrict k, int64_t k_
   for (int64_t i = 0; i < dim; ++i) acc[i] = 0.0f;
   for (int64_t t = 0; t < T; ++t) {
     const float w = p[t];
-    const float* vt = v + t * v_step;
+    const float* __restrict vt = value(t);
 #pragma omp simd
     for (int64_t i = 0; i < dim; ++i) acc[i] += w * vt[i];
   }
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < dim; ++i) out[i] = acc[i] * inv;
+}
+
+template <class KeyAt, class ValueAt>
+inline void attend_any(const float* q, KeyAt key, ValueAt value, const bool* mask, int64_t mask_step, int64_t T,
+                       int64_t d, float scale, float* p, float* acc, float* out) {
+  switch (d) {
+    case 32: attend_one<32>(q, key, value, mask, mask_step, T, d, scale, p, acc, out); break;
+    case 64: attend_one<64>(q, key, value, mask, mask_step, T, d, scale, p, acc, out); break;
+    case 128: attend_one<128>(q, key, value, mask, mask_step, T, d, scale, p, acc, out); break;
+    default: attend_one<0>(q, key, value, mask, mask_step, T, d, scale, p, acc, out);
+  }
+}
+
+void check_floats(const torch::Tensor& t, const char* name, int64_t dims) {
+  TORCH_CHECK(t.dim() == dims, "attend: ", name, " must be ", dims, "-D, got ", t.sizes());
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, "attend: float32 tensors only (", name, ")");
+  TORCH_CHECK(t.stride(dims - 1) == 1, "attend: the last dimension must be dense (", name, ")");
 }
 
 }  // namespace
@@ -164,14 +180,13 @@ void attend_one(const float* __restrict q, const float* __restrict k, int64_t k_
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const c10::optional<torch::Tensor>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attend: q, k and v must be 4-D");
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "attend: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "attend: float32 tensors only");
+  check_floats(q, "q", 4);
+  check_floats(k, "k", 4);
+  check_floats(v, "v", 4);
   const int64_t N = q.size(0), H = q.size(1), G = q.size(2), d = q.size(3), T = k.size(2);
   TORCH_CHECK(k.size(0) == N && k.size(1) == H && k.size(3) == d && v.size(0) == N && v.size(1) == H &&
                   v.size(2) == T && v.size(3) == d,
               "attend: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(), " do not match");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "attend: the last dimension must be dense");
   const bool* mask_data = nullptr;
   int64_t mask_row = 0, mask_step = 0;
   if (mask.has_value() && mask->defined()) {
@@ -199,17 +214,61 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
       const int64_t n = nh / H, h = nh % H;
       const float* kb = kd + n * k0 + h * k1;
       const float* vb = vd + n * v0 + h * v1;
+      const auto key = [kb, k2](int64_t t) { return kb + t * k2; };
+      const auto value = [vb, v2](int64_t t) { return vb + t * v2; };
       const bool* m = mask_data == nullptr ? nullptr : mask_data + n * mask_row;
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qg = qd + n * q0 + h * q1 + g * q2;
-        float* o = od + ((n * G + g) * H + h) * d;
-        switch (d) {
-          case 32: attend_one<32>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o); break;
-          case 64: attend_one<64>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o); break;
-          case 128: attend_one<128>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o); break;
-          default: attend_one<0>(qg, kb, k2, vb, v2, m, mask_step, T, d, sc, p, acc, o);
-        }
-      }
+      for (int64_t g = 0; g < G; ++g)
+        attend_any(qd + n * q0 + h * q1 + g * q2, key, value, m, mask_step, T, d, sc, p, acc,
+                   od + ((n * G + g) * H + h) * d);
+    }
+  });
+  return out;
+}
+
+// The self-attention of a step over a cache stored by position (transduce.model.step): q (B, H, 1, D); k and v
+// (P, R, H, D), the keys and values of position p written once, at that step, to the rows 0 .. of that step's
+// batch; table (B, T) int64: row b's key and value at position t are k[t, table[b, t]] and v[t, table[b, t]].
+// Beam search re-orders a table of B x T ids at each step instead of copying the whole cache. Returns (B, 1, H, D).
+torch::Tensor attend_by_table(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& table, double scale) {
+  check_floats(q, "q", 4);
+  check_floats(k, "k", 4);
+  check_floats(v, "v", 4);
+  const int64_t B = q.size(0), H = q.size(1), d = q.size(3), T = table.size(1);
+  TORCH_CHECK(q.size(2) == 1, "attend_by_table: one query per row, got ", q.sizes());
+  TORCH_CHECK(table.dim() == 2 && table.scalar_type() == at::kLong && table.size(0) == B && table.stride(1) == 1,
+              "attend_by_table: the table must be (B, T) int64 with dense rows, got ", table.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == H && k.size(3) == d && k.size(0) >= T,
+              "attend_by_table: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), " and ", T,
+              " positions do not match");
+  const int64_t rows = k.size(1);
+  const int64_t* td = table.data_ptr<int64_t>();
+  for (int64_t i = 0, n = B * T; i < n; ++i) {
+    const int64_t r = td[(i / T) * table.stride(0) + i % T];
+    TORCH_CHECK(r >= 0 && r < rows, "attend_by_table: table entry ", r, " outside the ", rows, " rows");
+  }
+  auto out = torch::empty({B, 1, H, d}, q.options());
+  const float* qd = q.data_ptr<float>();
+  const float* kd = k.data_ptr<float>();
+  const float* vd = v.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t q0 = q.stride(0), q1 = q.stride(1), tab = table.stride(0);
+  const int64_t k0 = k.stride(0), k1 = k.stride(1), k2 = k.stride(2);
+  const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T * d));
+  at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(T + d);
+    float* p = scratch.data();
+    float* acc = p + T;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const int64_t* row = td + b * tab;
+      const float* kb = kd + h * k2;
+      const float* vb = vd + h * v2;
+      const auto key = [kb, row, k0, k1](int64_t t) { return kb + t * k0 + row[t] * k1; };
+      const auto value = [vb, row, v0, v1](int64_t t) { return vb + t * v0 + row[t] * v1; };
+      attend_any(qd + b * q0 + h * q1, key, value, nullptr, 0, T, d, sc, p, acc, od + (b * H + h) * d);
     }
   });
   return out;
@@ -302,6 +361,8 @@ std::vector<torch::Tensor> row_topk(const torch::Tensor& x, int64_t k) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "attention of a decoding step", pybind11::arg("q"), pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"));
+  m.def("attend_by_table", &attend_by_table, "self-attention of a decoding step over a cache stored by position",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("table"), pybind11::arg("scale"));
   m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"));
   m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
         pybind11::arg("k"));
