@@ -18,13 +18,16 @@ For each configuration and source length L (``--lengths``), each in a fresh chil
 
 The model has random weights (vocabulary ``--vocab``, shared). Times are medians of ``--reps`` runs after a
 warm-up run (for translation a warm-up of 8 output tokens). The attention share is the share of operator CPU time
-spent inside ``scaled_dot_product_attention`` and its backward (torch.profiler, one run in another process, with
-tcmalloc preloaded when installed: see ``profile_env``; Python overhead between operators not counted): the part
-quadratic in length (Q K^T, softmax, weights x V); the Q/K/V and output projections are linear in length and not
-counted. Beside it for training: attention's share of the matmul FLOPs (``speed_common.forward_flops``), and for
+spent inside ``scaled_dot_product_attention`` and its backward, and in decoding inside transduce's attention
+kernels (``transduce.model.kernels``, recorded for the profiler by ``profile_kernels``): torch.profiler, one run in
+another process, with tcmalloc preloaded when installed (see ``profile_env``), Python overhead between operators not
+counted. It is the part quadratic in length (Q K^T, softmax, weights x V); the Q/K/V and output projections are
+linear in length and not counted. Beside it for training: attention's share of the matmul FLOPs (``speed_common.forward_flops``), and for
 decoding the share of ``cat`` + ``index_select`` (growing the KV cache by one position per step and re-ordering it
-between beams: O(L) per step, O(L^2) per sentence). Training is also measured at ``--train-long`` lengths (800 and
-1600 by default; cheap under the token budget) to show where attention overtakes the rest.
+between beams: O(L) per step, O(L^2) per sentence; for sources of 32 tokens or more the cache is stored by position
+and neither copied nor gathered, only its row table is: ``transduce.model.step``). Training is also measured at
+``--train-long`` lengths (800 and 1600 by default; cheap under the token budget) to show where attention overtakes
+the rest.
 
 Peak memory: each measurement runs in its own process; peak RSS is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``
 (the high-water mark of resident memory) read after the timed runs; "above model" subtracts the high-water mark
@@ -62,7 +65,7 @@ from speed_common import (
 )
 from transduce.config import DecodeConfig
 from transduce.loss import label_smoothed_nll
-from transduce.model import Transformer
+from transduce.model import Transformer, kernels
 from transduce.search import generate
 from transduce.special import EOS_ID, PAD_ID
 
@@ -97,6 +100,32 @@ def op_shares(prof) -> dict[str, float]:
         hit = [e for e in events if any(w in e.name.lower() for w in words) and not _under(e, words)]
         out[key] = sum(e.cpu_time_total for e in hit) / total if total else 0.0
     return out
+
+
+class _RecordedKernels:
+    """transduce's compiled decoding kernels with each attention call recorded for torch.profiler (which sees only
+    PyTorch's own operators) under a name ``op_shares`` counts as attention."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._module, name)
+        if not name.startswith("attend"):
+            return fn
+
+        def recorded(*args, **kwargs):
+            with torch.profiler.record_function(f"transduce::scaled_dot_product_{name}"):
+                return fn(*args, **kwargs)
+
+        return recorded
+
+
+def profile_kernels() -> None:
+    """Make the attention of transduce's kernels visible to the profiler (profiled runs only: it costs a little)."""
+    module = kernels.compiled()
+    if module is not None:
+        kernels._state["module"] = _RecordedKernels(module)
 
 
 def run_worker(spec: dict) -> dict:
@@ -154,6 +183,7 @@ def run_worker(spec: dict) -> dict:
 
     if spec["profile"]:  # a process of its own: only the warm-up and one profiled run
         once(warmup=True)
+        profile_kernels()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             once()
         result.update(op_shares(prof))
