@@ -18,16 +18,16 @@ For each configuration and source length L (``--lengths``), each in a fresh chil
 
 The model has random weights (vocabulary ``--vocab``, shared). Times are medians of ``--reps`` runs after a
 warm-up run (for translation a warm-up of 8 output tokens). The attention share is the share of operator CPU time
-spent inside ``scaled_dot_product_attention`` and its backward, and in decoding inside transduce's attention
-kernels (``transduce.model.kernels``, recorded for the profiler by ``profile_kernels``): torch.profiler, one run in
-another process, with tcmalloc preloaded when installed (see ``profile_env``), Python overhead between operators not
+spent inside ``scaled_dot_product_attention`` and its backward, and in decoding inside transduce's attention kernels
+(``transduce.model.kernels``, recorded for the profiler by ``profile_kernels``): torch.profiler, one run in another
+process, with tcmalloc preloaded when installed (see ``profile_env``), Python overhead between operators not
 counted. It is the part quadratic in length (Q K^T, softmax, weights x V); the Q/K/V and output projections are
-linear in length and not counted. Beside it for training: attention's share of the matmul FLOPs (``speed_common.forward_flops``), and for
-decoding the share of ``cat`` + ``index_select`` (growing the KV cache by one position per step and re-ordering it
-between beams: O(L) per step, O(L^2) per sentence; for sources of 32 tokens or more the cache is stored by position
-and neither copied nor gathered, only its row table is: ``transduce.model.step``). Training is also measured at
-``--train-long`` lengths (800 and 1600 by default; cheap under the token budget) to show where attention overtakes
-the rest.
+linear in length and not counted. Beside it for training: attention's share of the matmul FLOPs
+(``speed_common.forward_flops``), and for decoding the share of ``cat`` + ``index_select`` (growing the KV cache by
+one position per step and re-ordering it between beams: O(L) per step, O(L^2) per sentence; for sources of 32 tokens
+or more the cache is stored by position and neither copied nor gathered, only its row table is:
+``transduce.model.step``). Training is also measured at ``--train-long`` lengths (800 and 1600 by default; cheap
+under the token budget) to show where attention overtakes the rest.
 
 Peak memory: each measurement runs in its own process; peak RSS is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``
 (the high-water mark of resident memory) read after the timed runs; "above model" subtracts the high-water mark
