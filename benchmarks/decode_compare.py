@@ -103,6 +103,7 @@ class CT2:
             pieces = [self.tok.src_pieces(ids) for ids in batch]
             results = self.translator.translate_batch(
                 pieces, beam_size=beam, max_decoding_length=max(map(len, batch)) + MAX_EXTRA + 1,
+                min_decoding_length=0,  # as our min_len (CTranslate2's default of 1 bars EOS at the first step)
                 max_batch_size=len(batch),
             )  # fmt: skip
             out += [[self.vocab[p] for p in r.hypotheses[0]] for r in results]

@@ -266,7 +266,9 @@ def ct2_translate(model_dir: Path, translator: Translator, sentences: list[str],
     ct = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
     tok = translator.tokenizer
     pieces = [tok.src_pieces(tok.encode_src(s)) for s in sentences]
-    results = ct.translate_batch(pieces, beam_size=beam, length_penalty=0.0, max_decoding_length=max_out)
+    results = ct.translate_batch(
+        pieces, beam_size=beam, length_penalty=0.0, max_decoding_length=max_out, min_decoding_length=0
+    )
     vocab = {p: i for i, p in enumerate(tok.tgt_pieces(range(tok.tgt_vocab_size)))}
     return [[vocab[p] for p in r.hypotheses[0]] for r in results]
 
@@ -299,7 +301,9 @@ def test_ctranslate2_float32_translates_token_for_token_like_us(
 
 def test_ctranslate2_length_normalised_nbest_equals_ours(copy_checkpoint: Path, tmp_path: Path):
     """``length_norm="length"`` is CTranslate2's normalisation (log-probability / |Y| ** alpha) and
-    ``early_stopping`` its stopping rule: the 4-best lists agree token for token and score for score."""
+    ``early_stopping`` its stopping rule: the 4-best lists agree token for token and score for score.
+    ``min_decoding_length=0`` as our ``min_len``: CTranslate2's default (1) bars EOS from the first step and
+    renormalises over the other tokens, which moves its scores by up to p(EOS first) (0.5% on a model trained here)."""
     from transduce.interop.ctranslate2 import export_ctranslate2
 
     translator = Translator.load(copy_checkpoint)
@@ -307,8 +311,9 @@ def test_ctranslate2_length_normalised_nbest_equals_ours(copy_checkpoint: Path, 
     tok = translator.tokenizer
     pieces = [tok.src_pieces(tok.encode_src(s)) for s in SENTENCES]
     results = ct.translate_batch(
-        pieces, beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=30, return_scores=True
-    )
+        pieces, beam_size=4, num_hypotheses=4, length_penalty=1.0, max_decoding_length=30, min_decoding_length=0,
+        return_scores=True,
+    )  # fmt: skip
     vocab = {p: i for i, p in enumerate(tok.tgt_pieces(range(tok.tgt_vocab_size)))}
     cfg = translator.decode.replace(
         beam=4, nbest=4, length_penalty=1.0, length_norm="length", early_stopping=True, max_len_a=0.0, max_len_b=30
@@ -318,7 +323,7 @@ def test_ctranslate2_length_normalised_nbest_equals_ours(copy_checkpoint: Path, 
         ours = generate(translator.model, src, cfg)
     for theirs, mine in zip(results, ours):
         assert [[vocab[p] for p in h] for h in theirs.hypotheses] == [h.tokens for h in mine]
-        assert theirs.scores == pytest.approx([h.score for h in mine], rel=1e-2, abs=1e-6)  # |Y| counts EOS in both
+        assert theirs.scores == pytest.approx([h.score for h in mine], rel=1e-4, abs=1e-6)  # |Y| counts EOS in both
 
 
 def test_ctranslate2_int8_export(copy_checkpoint: Path, tmp_path: Path):
