@@ -1,8 +1,11 @@
 """Beam search with and without its optional speed-ups, side by side on one model and one set of sentences:
 the chunked top-k (``transduce.search.beam.CHUNKED_TOPK``), early stopping (``DecodeConfig.early_stopping``),
 oneDNN with packed weights for every linear layer, not only the pre-softmax projection
-(``transduce.model.packed.ONEDNN_LAYERS``), and the decoding step as one function over the weights instead of the
-decoder's modules (``transduce.model.step.FAST_STEP``).
+(``transduce.model.packed.ONEDNN_LAYERS``), the decoding step as one function over the weights instead of the
+decoder's modules (``transduce.model.step.FAST_STEP``), transduce's attention kernel
+(``transduce.model.kernels.KERNELS``), the candidates from the logits (``transduce.search.beam.FROM_LOGITS``), the
+garbage collector paused (``transduce.search.common.PAUSE_GC``) and the cache stored by position for long sources
+(``transduce.model.step.BY_POSITION``). Rows 1-5 run without the last four (as before they existed).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/beam_variants.py \\
         --model runs/multi30k_en_de --src ../shared/data/multi30k/test_2016_flickr.en.gz \\
@@ -30,9 +33,11 @@ from pathlib import Path
 
 import torch
 
+import transduce.model.kernels as kernels_module
 import transduce.model.packed as packed_module
 import transduce.model.step as step_module
 import transduce.search.beam as beam_module
+import transduce.search.common as common_module
 from transduce.config import DecodeConfig
 from transduce.evaluate import score_tokenized_lowercase
 from transduce.search import generate
@@ -40,14 +45,35 @@ from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
 from transduce.translate import Translator
 
-VARIANTS = {  # name: (chunked top-k, early stopping, oneDNN for every linear layer, step function)
-    "torch.topk, exact stop": (False, False, False, True),
-    "chunked top-k, exact stop": (True, False, False, True),
-    "chunked top-k, early stopping": (True, True, False, True),
-    "chunked top-k, early stopping, oneDNN layers": (True, True, True, True),
-    "chunked top-k, early stopping, decoder modules (no step function)": (True, True, False, False),
+SWITCHES = {  # name: (module, attribute) of each speed-up's switch
+    "chunked": (beam_module, "CHUNKED_TOPK"),
+    "onednn_layers": (packed_module, "ONEDNN_LAYERS"),
+    "fast_step": (step_module, "FAST_STEP"),
+    "kernels": (kernels_module, "KERNELS"),
+    "from_logits": (beam_module, "FROM_LOGITS"),
+    "pause_gc": (common_module, "PAUSE_GC"),
+    "by_position": (step_module, "BY_POSITION"),
 }
-DEFAULTS = (beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, step_module.FAST_STEP)  # as the package sets them
+BEFORE_KERNELS = {"kernels": False, "from_logits": False, "pause_gc": False, "by_position": False}
+NOW = {"chunked": True, "early": True, "onednn_layers": False, "fast_step": True, "kernels": True,
+       "from_logits": True, "pause_gc": True, "by_position": True}  # fmt: skip
+VARIANTS = {  # name: the switches (and early stopping) of each row
+    "torch.topk, exact stop": {**NOW, **BEFORE_KERNELS, "chunked": False, "early": False},
+    "chunked top-k, exact stop": {**NOW, **BEFORE_KERNELS, "early": False},
+    "chunked top-k, early stopping": {**NOW, **BEFORE_KERNELS},
+    "chunked top-k, early stopping, oneDNN layers": {**NOW, **BEFORE_KERNELS, "onednn_layers": True},
+    "chunked top-k, early stopping, decoder modules (no step function)": {**NOW, **BEFORE_KERNELS, "fast_step": False},
+    "row 3 + attention kernel": {**NOW, "from_logits": False, "pause_gc": False, "by_position": False},
+    "row 6 + candidates from the logits": {**NOW, "pause_gc": False, "by_position": False},
+    "row 7 + garbage collector paused": {**NOW, "by_position": False},
+    "row 8 + cache by position for long sources (all defaults)": NOW,
+}
+DEFAULTS = {name: getattr(module, attr) for name, (module, attr) in SWITCHES.items()}  # as the package sets them
+
+
+def apply(switches: dict) -> None:
+    for name, (module, attr) in SWITCHES.items():
+        setattr(module, attr, switches[name])
 
 
 def main() -> None:
@@ -100,14 +126,13 @@ def main() -> None:
     outputs: dict[str, list[list[int]]] = {}
     try:
         for _ in range(args.reps):
-            for name, (chunked, early, layers, fast_step) in variants.items():
-                beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS = chunked, layers
-                step_module.FAST_STEP = fast_step
+            for name, switches in variants.items():
+                apply(switches)
                 t0 = time.perf_counter()
-                outputs[name] = run(early)
+                outputs[name] = run(switches["early"])
                 times[name].append(time.perf_counter() - t0)
     finally:
-        beam_module.CHUNKED_TOPK, packed_module.ONEDNN_LAYERS, step_module.FAST_STEP = DEFAULTS
+        apply(DEFAULTS)
     refs = [text for _, text in read_lines(args.ref)][: len(lines)] if args.ref else None
     lang = Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1] if args.ref else ""
     first = next(iter(variants))
@@ -145,9 +170,14 @@ def main() -> None:
         f"\ntop_candidates on {tuple(total.shape)} (best of 7 x 100): torch.topk {cost[False]:.2f} ms, "
         f"chunked {cost[True]:.2f} ms"
     )
-    if args.profile:
-        with torch.profiler.profile() as prof:
-            run(early)
+    if args.profile:  # the last variant (its attention kernel calls are not torch operators: the profile misses them)
+        last = variants[list(variants)[-1]]
+        apply(last)
+        try:
+            with torch.profiler.profile() as prof:
+                run(last["early"])
+        finally:
+            apply(DEFAULTS)
         print("\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
