@@ -302,22 +302,63 @@ def test_a_cache_stored_by_position_grows_and_stays_immutable_when_a_search_bran
         for i in range(length):
             logits, cache = model.decode(tokens[:, i : i + 1], memory, cache)
             out.append(logits)
-            if i == 5:
-                branch_point = cache
         assert cache.table is not None and cache.self_kv.shape[2] == 4 * step_module.FIRST_CAPACITY
         torch.testing.assert_close(torch.cat(out, dim=1), expected, atol=1e-5, rtol=1e-5)
-        # branch: two different tokens from the same cache, then one more step from each
+        # branch from the newest cache of a line (the one whose storage a next step writes in place): two different
+        # tokens from it, then one more step from each
+        branch_point = model.init_cache(memory)
+        for i in range(6):
+            _, branch_point = model.decode(tokens[:, i : i + 1], memory, branch_point)
         other = tokens[:, 6:7].flip(0)
         a_logits, a = model.decode(tokens[:, 6:7], memory, branch_point)
         b_logits, b = model.decode(other, memory, branch_point)
         a_next, _ = model.decode(tokens[:, 7:8], memory, a)
         b_next, _ = model.decode(tokens[:, 7:8], memory, b)
+    assert a.self_kv is branch_point.self_kv  # the first branch wrote position 6 in place ...
+    assert b.self_kv is not a.self_kv  # ... so the second had to copy the storage
     torch.testing.assert_close(a_logits, expected[:, 6:7], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(a_next, expected[:, 7:8], atol=1e-5, rtol=1e-5)  # b's write did not touch a's cache
     branched = _steps_through_modules(model, src, torch.cat([tokens[:, :6], other, tokens[:, 7:8]], dim=1))
     torch.testing.assert_close(b_logits, branched[:, 6:7], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b_next, branched[:, 7:8], atol=1e-5, rtol=1e-5)
-    assert b.self_kv is not a.self_kv  # the second branch copied the storage
+
+
+@pytest.mark.skipif(not kernels.KERNELS, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
+def test_a_cache_stored_by_position_in_inference_mode_decodes_under_no_grad(monkeypatch):
+    """A by-position storage made under torch.inference_mode is an inference tensor, which may not be written in
+    place outside it: a later step under no_grad copies it instead (and gives the same logits)."""
+    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)
+    model = make("pre")
+    src, _ = batch()
+    tokens = torch.randint(4, V, (3, 4), generator=torch.Generator().manual_seed(6))
+    tokens[:, 0] = BOS_ID
+    expected = _steps_through_modules(model, src, tokens)
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache = model.init_cache(memory)
+        for i in range(3):
+            _, cache = model.decode(tokens[:, i : i + 1], memory, cache)
+    assert cache.table is not None and cache.self_kv.is_inference()
+    with torch.no_grad():
+        logits, after = model.decode(tokens[:, 3:4], memory, cache)
+    assert after.self_kv is not cache.self_kv and not after.self_kv.is_inference()
+    torch.testing.assert_close(logits, expected[:, 3:4], atol=1e-5, rtol=1e-5)
+
+
+def test_decoding_steps_under_cpu_autocast_use_pytorchs_attention(monkeypatch):
+    """Under bf16 autocast the activations are bf16, which transduce's float32 kernels do not take: the step
+    function attends through PyTorch there, with or without the kernels available, and gives the same tokens."""
+    from transduce.search import beam_search
+
+    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)
+    model = make("pre")
+    src, _ = batch()
+    results = []
+    for available in (True, False):
+        monkeypatch.setattr(kernels, "KERNELS", available)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append([[h.tokens for h in hyps] for hyps in beam_search(model, src, beam=3, nbest=3)])
+    assert results[0] == results[1] and all(results[0])
 
 
 def test_a_cache_handed_to_another_model_is_decoded_with_that_models_weights():

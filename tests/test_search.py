@@ -14,7 +14,7 @@ import torch
 
 from decodekit import one_thread, reversal_model, task_batch
 from transduce.config import DecodeConfig, ModelConfig
-from transduce.model import Memory, Transformer
+from transduce.model import Memory, Transformer, kernels
 from transduce.search import (
     Hypothesis,
     beam_search,
@@ -352,18 +352,35 @@ def test_cache_equals_no_cache(alpha, norm):
         same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
 
 
+@pytest.mark.skipif(not kernels.KERNELS, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
 def test_cache_stored_by_position_equals_no_cache(monkeypatch):
     """With the kernels, long sources get a self-attention cache stored by position (never gathered); searches
-    through it (beams re-ordered, finished sentences dropped) equal searches without a cache."""
+    through it (beams re-ordered, finished sentences dropped, the storage grown past its first capacity) equal
+    searches without a cache."""
     from transduce.model import step as step_module
 
     monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)  # the test's sources are short
     for seed in range(6):
         model, src = random_model(seed), random_src(seed, n=5)
-        kw = dict(beam=4, nbest=4, length_penalty=0.6, max_len_a=1.0, max_len_b=5)
+        tables = []
+        decode = model.decode
+
+        def recording_decode(tokens, memory, cache=None, _decode=decode, _tables=tables):
+            logits, new = _decode(tokens, memory, cache)
+            _tables.append(None if cache is None else new.table is not None)  # (no cache: a search without one)
+            return logits, new
+
+        monkeypatch.setattr(model, "decode", recording_decode)
+        long = seed % 2 == 1  # outputs past FIRST_CAPACITY (16) positions: the storage doubles mid-search
+        lengths = dict(max_len_a=0.0, max_len_b=24, min_len=18) if long else dict(max_len_a=1.0, max_len_b=5)
+        kw = dict(beam=4, nbest=4, length_penalty=0.6, **lengths)
         same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
-        greedy = greedy_search(model, src, max_len_b=5)
-        assert [h.tokens for h in greedy] == [h[0].tokens for h in beam_search(model, src, beam=1, max_len_b=5)]
+        greedy = greedy_search(model, src, **lengths)
+        assert [h.tokens for h in greedy] == [h[0].tokens for h in beam_search(model, src, beam=1, **lengths)]
+        cached = [t for t in tables if t is not None]
+        assert cached and all(cached)  # every cached step went through the storage by position
+        if long:
+            assert max(len(h.tokens) for h in greedy) > step_module.FIRST_CAPACITY
 
 
 def test_cache_equals_no_cache_pre_norm_learned_positions():
@@ -504,3 +521,30 @@ def test_searches_pause_the_garbage_collector_and_restore_it(monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         beam_search(model, src, beam=2)
     assert gc.isenabled()  # back on after a failed search too
+
+
+@pytest.mark.parametrize("limit", [0.0, 3600.0])
+def test_searches_that_keep_overlapping_still_collect_garbage(monkeypatch, limit):
+    """A search that ends inside a pause kept up by another (a busy server's threads; here one nested in the other's
+    step) runs a full collection once the shared pause has lasted PAUSE_LIMIT_S, and none before."""
+    import gc
+
+    from transduce.search import common
+
+    monkeypatch.setattr(common, "PAUSE_LIMIT_S", limit)
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *args: collected.append(gc.isenabled()) or 0)
+    model, src = random_model(0), random_src(0)
+    decode, nested = model.decode, []
+
+    def decode_beside_another_search(*args, **kwargs):
+        if not nested:
+            nested.append(True)
+            greedy_search(model, src)  # begins and ends while the outer search holds the pause
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(model, "decode", decode_beside_another_search)
+    assert gc.isenabled()
+    beam_search(model, src, beam=2)
+    assert collected == ([False] if limit == 0.0 else [])  # collected during the pause (still off), or not at all
+    assert gc.isenabled()

@@ -20,6 +20,7 @@ decoder's modules do not run here; set :data:`FAST_STEP` to False to decode thro
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,8 +130,10 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     heads, d_k, pre, embedding = weights.heads, weights.d_k, weights.pre_norm, weights.embedding
     d_model = heads * d_k
     # attention through transduce's kernels (kernels.py) for float32 on the CPU, else PyTorch's; with the kernels
-    # the self-attention cache is stored by position (DecoderCache.table): written in place, never gathered
-    kernel = kernels.compiled() if embedding.dtype == torch.float32 and embedding.device.type == "cpu" else None
+    # the self-attention cache is stored by position (DecoderCache.table): written in place, never gathered. Under
+    # CPU autocast the activations are bf16 (or float16), which the kernels do not take.
+    float32_cpu = embedding.dtype == torch.float32 and embedding.device.type == "cpu"
+    kernel = kernels.compiled() if float32_cpu and not torch.is_autocast_enabled("cpu") else None
     by_table = kernel is not None and (
         cache.table is not None or (t == 0 and BY_POSITION and cache.cross_kv[0][0].shape[2] >= BY_POSITION_MIN_SOURCE)
     )
@@ -185,6 +188,7 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
 
 
 FIRST_CAPACITY = 16  # positions of a new by-position storage; it doubles when full
+_written_lock = threading.Lock()
 
 
 def _storage(cache: DecoderCache, weights: StepWeights, rows: int) -> tuple[Tensor, list[int]]:
@@ -197,9 +201,13 @@ def _storage(cache: DecoderCache, weights: StepWeights, rows: int) -> tuple[Tens
         return _new_storage(weights.embedding, layers, FIRST_CAPACITY, rows, heads, d_k), [1]
     storage, written = cache.self_kv, cache.written
     capacity, slab_rows = storage.shape[2], storage.shape[3]
-    if written[0] == t and t < capacity and rows <= slab_rows:
-        written[0] = t + 1
-        return storage, written
+    # an inference tensor (the storage of a search under torch.inference_mode) cannot be written outside it
+    writable = not storage.is_inference() or torch.is_inference_mode_enabled()
+    if writable and t < capacity and rows <= slab_rows:
+        with _written_lock:  # two threads stepping from caches on one storage: only one writes position t in place
+            if written[0] == t:
+                written[0] = t + 1
+                return storage, written
     capacity = 2 * capacity if t >= capacity else capacity
     grown = _new_storage(storage, layers, capacity, max(rows, slab_rows), heads, d_k)
     grown[:, :, :t, :slab_rows].copy_(storage[:, :, :t])
