@@ -103,6 +103,13 @@ def test_kernel_rejects_what_it_cannot_read():
         kernels.attend(q, torch.randn(2, 1, 3, 5), torch.randn(2, 1, 3, 5))
     with pytest.raises(RuntimeError, match=r"the mask must be \(N, T\) bool"):
         kernels.attend(q, q, q, torch.ones(2, 1))
+    with pytest.raises(RuntimeError, match="the mask must be on the CPU"):  # (meta: a device that is not the CPU)
+        kernels.attend(q, q, q, torch.ones(2, 1, dtype=torch.bool, device="meta"))
+    storage = torch.randn(1, 2, 1, 4)  # (positions, rows, h, d)
+    with pytest.raises(RuntimeError, match="the table must be on the CPU"):
+        kernels.compiled().attend_by_table(q, storage, storage, torch.zeros(2, 1, dtype=torch.long, device="meta"), 1.0)
+    with pytest.raises(RuntimeError, match="table entry 2 outside the 2 rows"):
+        kernels.compiled().attend_by_table(q, storage, storage, torch.tensor([[0], [2]]), 1.0)
 
 
 def test_when_the_kernel_cannot_be_built_decoding_warns_once_and_uses_pytorchs_attention(monkeypatch):
@@ -165,3 +172,26 @@ def test_row_topk_puts_the_smaller_index_first_among_equal_values():
         kernels.row_topk(x, 25)
     with pytest.raises(RuntimeError, match="dense rows"):
         kernels.logsumexp(x.t())
+
+
+@pytest.mark.parametrize("vocab", [64, 13])  # NaN / +inf inside the vectorised blocks, and in the scalar tail only
+def test_logsumexp_of_rows_with_nan_or_inf_is_torchs(vocab):
+    x = torch.randn(4, vocab, generator=torch.Generator().manual_seed(1))
+    x[0, vocab - 3] = float("nan")  # a NaN propagates, as through torch.logsumexp (a model gone wrong shows)
+    x[1, 2] = float("nan")
+    x[2, 5] = float("inf")
+    got, want = kernels.logsumexp(x), torch.logsumexp(x, dim=1)
+    assert got[:2].isnan().all() and want[:2].isnan().all()
+    assert got[2].item() == want[2].item() == float("inf")
+    torch.testing.assert_close(got[3], want[3])
+
+
+def test_row_topk_orders_ties_within_a_vectorised_block_by_index():
+    """Ties that arrive in the 16-wide blocks (past the first k values), not only in the scalar head and tail."""
+    x = torch.zeros(2, 80)
+    x[0, [20, 21, 35, 50, 51]] = 5.0  # five equal values past the head, k = 4: the four smallest indices
+    x[1, [70, 18, 33]] = torch.tensor([7.0, 7.0, 6.0])
+    values, indices = kernels.row_topk(x, 4)
+    assert indices[0].tolist() == [20, 21, 35, 50] and values[0].tolist() == [5.0] * 4
+    assert indices[1].tolist()[:3] == [18, 70, 33] and values[1].tolist()[:3] == [7.0, 7.0, 6.0]
+    assert indices[1, 3].item() == 0  # then the zeros, the smallest index first

@@ -111,17 +111,27 @@ inline float sum_exp(const float* x, float shift, int64_t n, float* out) {
   return sum;
 }
 
-// max over j < n of x[j] (-inf when n == 0).
+// max over j < n of x[j] (-inf when n == 0; NaN when any x[j] is NaN, as torch's reductions).
 inline float max_of(const float* x, int64_t n) {
   int64_t j = 0;
   float top = kNegInf;
+  bool nan = false;
 #ifdef TRANSDUCE_AVX2
   __m256 acc = _mm256_set1_ps(kNegInf);
-  for (; j + 8 <= n; j += 8) acc = _mm256_max_ps(acc, _mm256_loadu_ps(x + j));
+  __m256 unordered = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    acc = _mm256_max_ps(acc, v);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
   top = horizontal_max(acc);
+  nan = _mm256_movemask_ps(unordered) != 0;
 #endif
-  for (; j < n; ++j) top = x[j] > top ? x[j] : top;
-  return top;
+  for (; j < n; ++j) {
+    nan |= x[j] != x[j];
+    top = x[j] > top ? x[j] : top;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : top;
 }
 
 // One query over T keys; key(t) and value(t) give the addresses of key and value t. D > 0: the head size fixed
@@ -190,6 +200,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   const bool* mask_data = nullptr;
   int64_t mask_row = 0, mask_step = 0;
   if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(mask->device().is_cpu(), "attend: the mask must be on the CPU");
     TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == N && mask->size(1) == T,
                 "attend: the mask must be (N, T) bool, got ", mask->sizes(), " ", mask->scalar_type());
     mask_data = mask->data_ptr<bool>();
@@ -236,6 +247,7 @@ torch::Tensor attend_by_table(const torch::Tensor& q, const torch::Tensor& k, co
   check_floats(v, "v", 4);
   const int64_t B = q.size(0), H = q.size(1), d = q.size(3), T = table.size(1);
   TORCH_CHECK(q.size(2) == 1, "attend_by_table: one query per row, got ", q.sizes());
+  TORCH_CHECK(table.device().is_cpu(), "attend_by_table: the table must be on the CPU");
   TORCH_CHECK(table.dim() == 2 && table.scalar_type() == at::kLong && table.size(0) == B && table.stride(1) == 1,
               "attend_by_table: the table must be (B, T) int64 with dense rows, got ", table.sizes());
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == H && k.size(3) == d && k.size(0) >= T,
@@ -293,7 +305,7 @@ torch::Tensor logsumexp(const torch::Tensor& x) {
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = xd + r * row;
       const float top = max_of(xr, V);
-      if (top == kNegInf || top == -kNegInf) {  // every logit -inf, or one +inf: as torch.logsumexp
+      if (top == kNegInf || top == -kNegInf || top != top) {  // all -inf, a +inf, a NaN: as torch.logsumexp
         od[r] = top;
         continue;
       }
@@ -358,12 +370,15 @@ std::vector<torch::Tensor> row_topk(const torch::Tensor& x, int64_t k) {
   return {values, indices};
 }
 
+// The kernels touch no Python object: they let other threads (a server's) run Python meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("attend", &attend, "attention of a decoding step", pybind11::arg("q"), pybind11::arg("k"),
-        pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"));
+        pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"), release());
   m.def("attend_by_table", &attend_by_table, "self-attention of a decoding step over a cache stored by position",
-        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("table"), pybind11::arg("scale"));
-  m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"));
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("table"), pybind11::arg("scale"),
+        release());
+  m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"), release());
   m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
-        pybind11::arg("k"));
+        pybind11::arg("k"), release());
 }
