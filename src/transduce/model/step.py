@@ -35,7 +35,7 @@ FAST_STEP = True  # set False to run every decoding step through the decoder's m
 BY_POSITION = True  # set False to gather the self-attention cache at every step even where the kernels run
 # ... for batches whose padded source is at least this long: below it, where outputs are short, storing by position
 # and gathering cost the same (Multi30k: 0.98-0.99x), above it storing by position wins (beam 4, the `small` model:
-# 1.04x at 50 tokens, 1.09x at 100, 1.27x at 400; benchmarks/RESULTS_speed.md)
+# 1.02x at 50 tokens, 1.11x at 100, 1.23x at 400: benchmarks/kv_cache.py, RESULTS_speed.md)
 BY_POSITION_MIN_SOURCE = 32
 
 Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
