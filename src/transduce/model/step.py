@@ -132,8 +132,7 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     # attention through transduce's kernels (kernels.py) for float32 on the CPU, else PyTorch's; with the kernels
     # the self-attention cache is stored by position (DecoderCache.table): written in place, never gathered. Under
     # CPU autocast the activations are bf16 (or float16), which the kernels do not take.
-    float32_cpu = embedding.dtype == torch.float32 and embedding.device.type == "cpu"
-    kernel = kernels.compiled() if float32_cpu and not torch.is_autocast_enabled("cpu") else None
+    kernel = kernels.compiled() if kernels.applies(embedding) and not torch.is_autocast_enabled("cpu") else None
     by_table = kernel is not None and (
         cache.table is not None or (t == 0 and BY_POSITION and cache.cross_kv[0][0].shape[2] >= BY_POSITION_MIN_SOURCE)
     )
