@@ -14,9 +14,14 @@ attention weights or the FFN activation, which is what the presets say):
 - ``torch.nn.Transformer``: ``speed_common.TorchTransformer``, the same function on ``nn.Transformer`` (without the
   final encoder/decoder LayerNorms ``nn.Transformer`` adds by default, which a post-norm model does not have).
 - ``MarianMTModel``: built with ``transduce.interop.marian.marian_config`` and our weights copied in with
-  ``copy_to_marian``; called with ``use_cache=False`` (no KV cache in training); transformers' default attention.
+  ``copy_to_marian``; called with ``use_cache=False`` (no KV cache in training); transformers' default attention
+  (``sdpa``). ``--models ...,marian-eager`` adds a second copy with ``attn_implementation="eager"`` (explicit
+  ``softmax(QK^T)V`` products, which on the CPU are faster than SDPA's flash kernel at these lengths, see below); it
+  counts as a peer.
+- ``--models ...,sdpa`` adds a row for our model with ``layers.EXPLICIT_CPU_BACKWARD`` off: attention through
+  ``scaled_dot_product_attention``'s CPU (flash) kernel in training as well, as before that switch existed.
 
-Before timing, both copies must reproduce our logits in eval mode (max |diff| < 1e-4, asserted).
+Before timing, the copies must reproduce our logits in eval mode (max |diff| < 1e-4, asserted).
 
 Each step is ``logits = model(src, tgt_in)`` (under bf16 autocast for ``bf16``), a label-smoothed loss (eps 0.1,
 mean over target tokens) as each toolkit's users compute it (transduce: ``transduce.loss``, with its closed-form
@@ -94,9 +99,24 @@ from transduce.model import Transformer
 from transduce.special import PAD_ID
 from transduce.trainer import Trainer
 
-PEERS = ("torch.nn.Transformer", "MarianMTModel")
+MARIAN_EAGER = "MarianMTModel (eager attention)"
+PEERS = ("torch.nn.Transformer", "MarianMTModel", MARIAN_EAGER)
+SDPA_ROW = "transduce (SDPA attention)"
 PARITY_ATOL = 1e-4
 TRAINER = "transduce Trainer.train_step"
+
+
+def sdpa_attention(step: Callable[[list[Batch], str], float]) -> Callable[[list[Batch], str], float]:
+    """``step`` with ``layers.EXPLICIT_CPU_BACKWARD`` off: attention through SDPA's CPU kernel in training too."""
+
+    def run(batches: list[Batch], precision: str) -> float:
+        layers.EXPLICIT_CPU_BACKWARD = False
+        try:
+            return step(batches, precision)
+        finally:
+            layers.EXPLICIT_CPU_BACKWARD = True
+
+    return run
 
 
 def make_adam(params, kind: str) -> torch.optim.Optimizer:
@@ -253,7 +273,8 @@ def main() -> None:
     precisions = args.precision.split(",")
     assert set(precisions) <= {"fp32", "bf16"}, f"--precision: fp32 and/or bf16, got {args.precision}"
     wanted = args.models.split(",")
-    assert set(wanted) <= {"transduce", "torch", "marian", "trainer"} and "transduce" in wanted, args.models
+    assert set(wanted) <= {"transduce", "sdpa", "torch", "marian", "marian-eager", "trainer"}, args.models
+    assert "transduce" in wanted, args.models
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.torch_dropout:
@@ -299,6 +320,15 @@ def main() -> None:
                   f"attention: {attn})")  # fmt: skip
             assert diff < PARITY_ATOL, "the MarianMTModel copy does not reproduce our logits"
             models["MarianMTModel"] = hf.train()
+        if "marian-eager" in wanted:
+            from transduce.interop.marian import marian_model
+
+            hf = MarianLogits(marian_model(ours), c.pad_id)
+            hf.hf.set_attn_implementation("eager")  # softmax(QK^T)V as explicit products, as our CPU training
+            diff = max_logit_diff(ours, hf, batches[0])
+            print(f"{name}: logits max |ours - {MARIAN_EAGER}| = {diff:.2e}")
+            assert diff < PARITY_ATOL, "the eager MarianMTModel copy does not reproduce our logits"
+            models[MARIAN_EAGER] = hf.train()
         print(f"{name}: {ours.num_parameters() / 1e6:.1f}M parameters; {describe_batches(batches)}")
         tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
         flops = sum(train_flops(c, b) for b in batches)
@@ -306,6 +336,8 @@ def main() -> None:
         for m, model in models.items():
             opt = make_adam([p for p in model.parameters() if p.requires_grad], args.adam)
             steppers[m] = functools.partial(train_steps, model, opt)
+        if "sdpa" in wanted:  # our model, attention through scaled_dot_product_attention in the backward pass too
+            steppers[SDPA_ROW] = sdpa_attention(steppers["transduce"])
         if "trainer" in wanted:
             steppers[TRAINER] = trainer_stepper(ours)
         for precision in precisions:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from transduce import ModelConfig, Transformer
 from transduce.model import DecoderCache, causal_mask, kernels, padding_mask, sinusoid
+from transduce.model import layers as layers_module
 from transduce.model import packed as packed_module
 from transduce.model import step as step_module
 from transduce.model.quantize import quantize_int8
@@ -528,12 +529,100 @@ def test_attention_weights_on_request(monkeypatch):
     assert torch.allclose(att.cross[0].sum(-1), torch.ones(3, 4, 6), atol=1e-5)
     assert att.cross[1][0, :, :, -2:].abs().max() == 0  # padded source positions get no attention
     assert att.decoder[0][:, :, 0, 1:].abs().max() == 0  # causal: the first position sees only itself
-    # the normal path goes through the fused kernel and never materialises weights
+    # the inference path goes through the fused kernel and never materialises weights
     calls = []
     real = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    model(src, tgt)
+    with torch.no_grad():
+        model(src, tgt)
     assert len(calls) == 2 + 2 * 2  # encoder self, decoder self + cross per layer
+
+
+def _qkv(b=5, h=4, t=7, s=9, d=16, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g) * 2 for n in (t, s, s))
+    return q, k, v
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "causal", "explicit-causal"])
+def test_explicit_attention_equals_sdpa_and_its_gradients(kind):
+    q, k, v = _qkv(s=7) if "causal" in kind else _qkv()
+    mask, is_causal = None, kind == "causal"
+    if kind == "padding":
+        mask = torch.ones(5, 1, 1, 9, dtype=torch.bool)
+        mask[1, ..., 6:] = mask[3, ..., 2:] = False
+    if kind == "explicit-causal":
+        mask = causal_mask(7, 7)
+    grads = []
+    for explicit in (True, False):
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        if explicit:
+            out, weights = layers_module.explicit_attention(qq, kk, vv, mask, is_causal)
+            assert weights.shape == (5, 4, 7, qq.shape[2] if "causal" in kind else 9)
+            assert torch.allclose(weights.sum(-1), torch.ones(5, 4, 7), atol=1e-6)
+        else:
+            out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, is_causal=is_causal)
+        out.backward(torch.linspace(-1, 1, out.numel()).view(out.shape))
+        grads.append((out.detach(), qq.grad, kk.grad, vv.grad))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    if kind == "padding":
+        assert weights[1, :, :, 6:].abs().max() == 0 and weights[3, :, :, 2:].abs().max() == 0
+    if "causal" in kind:
+        assert torch.equal(weights[0, 0].triu(1), torch.zeros(7, 7)) and weights[0, 0, 0, 0] == 1
+
+
+def test_explicit_attention_keeps_float32_scores_under_bf16_autocast():
+    """Scores and softmax stay float32 under autocast, so the explicit path is no less accurate than SDPA's own bf16
+    kernel (bf16 scores would lose about 3 more significant bits)."""
+    q, k, v = _qkv(b=64, t=20, s=20, d=64)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
+        out, weights = layers_module.explicit_attention(qb, kb, vb, None, False)
+        sdpa = F.scaled_dot_product_attention(qb, kb, vb)
+    assert out.dtype == torch.bfloat16 and weights.dtype == torch.float32
+    scores = (qb.float() / 8) @ kb.float().transpose(-2, -1)
+    assert torch.allclose(weights, scores.softmax(-1), atol=1e-6)  # float32 products of the bf16 inputs
+    err, sdpa_err = ((x.float() - ref).norm() / ref.norm() for x in (out, sdpa))
+    assert err < 1.2 * sdpa_err, (err, sdpa_err)
+
+
+def test_explicit_attention_drops_attention_weights_with_the_package_dropout():
+    q, k, v = _qkv()
+    torch.manual_seed(5)
+    out, weights = layers_module.explicit_attention(q, k, v, None, False, dropout_p=0.5)
+    torch.manual_seed(5)
+    dropped = layers_module.dropout(weights, 0.5, True)
+    assert torch.equal(out, dropped @ v)
+    assert 0.4 < float(dropped.eq(0).float().mean()) < 0.6  # the returned weights are those before dropout
+    assert weights.ne(0).all()
+
+
+def test_cpu_training_attention_uses_explicit_products_and_the_same_gradients(monkeypatch):
+    """Under autograd on the CPU, attention avoids SDPA's flash kernel (slow backward at translation lengths); the
+    model's loss and every gradient are the same either way, and inference still goes through SDPA."""
+    model = make(dropout=0.0).train()
+    src, tgt = batch()
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = []
+    for explicit in (True, False):
+        monkeypatch.setattr(layers_module, "EXPLICIT_CPU_BACKWARD", explicit)
+        calls.clear()
+        model.zero_grad()
+        loss = model(src, tgt).square().mean()
+        loss.backward()
+        assert len(calls) == (0 if explicit else 6)
+        results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    monkeypatch.setattr(layers_module, "EXPLICIT_CPU_BACKWARD", True)
+    calls.clear()
+    with torch.no_grad():
+        model(src, tgt)
+    assert len(calls) == 6
 
 
 def test_dropout_is_configurable_and_off_in_eval():

@@ -292,20 +292,47 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
         p = self.dropout if self.training else 0.0
-        if need_weights:  # explicit path, only for inspection: the weights are materialised
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, Tq, Tk)
-            if is_causal:
-                mask = causal_mask(q.shape[2], k.shape[2], q.device)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            weights = scores.softmax(dim=-1)
-            out = F.dropout(weights, p, self.training) @ v
+        if need_weights or (EXPLICIT_CPU_BACKWARD and q.requires_grad and q.device.type == "cpu"):
+            out, weights = explicit_attention(q, k, v, mask, is_causal, p)
+            weights = weights if need_weights else None
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
             weights = None
         b, h, t, d_k = out.shape
         out = out.transpose(1, 2).reshape(b, t, h * d_k)  # concat heads: (B, T, d_model)
         return project(self.out, out), weights
+
+
+#: Attention that autograd will differentiate on the CPU goes through :func:`explicit_attention` instead of
+#: ``scaled_dot_product_attention``, whose CPU kernel is a flash-attention kernel built for long sequences: at
+#: translation lengths its backward pass was 3-5x slower than the explicit products in bf16 and about 1.2x slower in
+#: float32 on this project's machine (``benchmarks/train_speed.py --profile`` shows both). The cost is memory: the
+#: (B, h, T, S) weights are kept for the backward pass. Set False to use SDPA everywhere.
+EXPLICIT_CPU_BACKWARD = True
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """``softmax(Q K^T / sqrt(d_k)) V`` with the weights materialised, the function ``scaled_dot_product_attention``
+    computes (same mask convention; ``is_causal`` is its top-left causal mask).
+
+    The scores and the softmax are float32 whatever the inputs' dtype (as inside SDPA's own kernels: bf16 scores
+    lose about 3 significant bits more than SDPA's bf16 result), also under autocast; the weights are cast back to
+    ``v``'s dtype for the product with the values. ``dropout_p`` drops attention weights (:func:`dropout`).
+
+    Returns:
+        output (B, h, Tq, d_v) in ``v``'s dtype and the weights (B, h, Tq, Tk), float32.
+    """
+    with torch.autocast(q.device.type, enabled=False):
+        scores = (q.float() * (1.0 / math.sqrt(q.shape[-1]))) @ k.float().transpose(-2, -1)  # (B, h, Tq, Tk)
+    if is_causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    dropped = dropout(weights, dropout_p, dropout_p > 0.0)
+    return dropped.to(v.dtype) @ v, weights
 
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
