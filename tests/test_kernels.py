@@ -135,14 +135,14 @@ def test_when_the_kernel_cannot_be_built_decoding_warns_once_and_uses_pytorchs_a
 
     monkeypatch.setattr(kernels, "_state", {"module": None, "error": None})
     monkeypatch.setattr(kernels, "build", no_compiler)
-    with pytest.warns(RuntimeWarning, match=r"could not build the CPU decoding kernels \(OSError: no C\+\+ compiler\)"):
+    with pytest.warns(RuntimeWarning, match=r"could not build the CPU kernels \(OSError: no C\+\+ compiler\)"):
         without = steps()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process, not once per step
         steps()
     assert kernels.compiled() is None
     torch.testing.assert_close(without, with_kernel, atol=1e-5, rtol=1e-5)
-    with pytest.raises(RuntimeError, match="decoding kernels are not available"):
+    with pytest.raises(RuntimeError, match="CPU kernels are not available"):
         kernels.attend(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
 
 
@@ -195,3 +195,31 @@ def test_row_topk_orders_ties_within_a_vectorised_block_by_index():
     assert indices[0].tolist() == [20, 21, 35, 50] and values[0].tolist() == [5.0] * 4
     assert indices[1].tolist()[:3] == [18, 70, 33] and values[1].tolist()[:3] == [7.0, 7.0, 6.0]
     assert indices[1, 3].item() == 0  # then the zeros, the smallest index first
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_training_step_gives_the_same_loss_and_gradients_without_the_kernels(monkeypatch, autocast):
+    """Dropout (the same masks from the same seed) and the loss through the kernels or through PyTorch's operations:
+    one seeded training step of a model with dropout, in float32 and under bf16 autocast."""
+    from transduce.loss import label_smoothed_nll
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=50, tgt_vocab_size=50, dropout=0.3)).train()
+    src, tgt = torch.randint(4, 50, (6, 9)), torch.randint(4, 50, (6, 8))
+    src[0, 6:] = tgt[1, 5:] = 0
+
+    def step():
+        torch.manual_seed(1)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(src, tgt[:, :-1])
+        loss, _, n = label_smoothed_nll(logits, tgt[:, 1:], 0.1, 0)
+        (loss / n).backward()
+        return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    with_kernels = step()
+    monkeypatch.setattr(kernels, "compiled", lambda: None)
+    without = step()
+    tol = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-6, rtol=1e-5)
+    for a, b in zip(with_kernels, without):
+        torch.testing.assert_close(a, b, **tol)

@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import transduce.loss as loss_module
 from transduce.loss import label_smoothed_nll
+from transduce.model import kernels
+
+needs_kernels = pytest.mark.skipif(kernels.compiled() is None, reason="transduce's CPU kernels could not be built")
 
 PAD = 0
 
@@ -104,11 +108,89 @@ def test_non_finite_logits_at_padded_positions_change_nothing():
     assert torch.equal(x.grad, y.grad) and y.grad[0, 2].abs().sum() == 0
 
 
-def test_a_second_backward_through_the_same_loss_is_refused():
-    """The backward pass turns the saved log-probabilities into the gradient in place: running it twice must fail
+def test_a_second_backward_through_the_same_loss_is_refused(monkeypatch):
+    """PyTorch's path turns the saved log-probabilities into the gradient in place: running it twice must fail
     loudly (autograd's version check), not return a gradient computed from overwritten values."""
+    monkeypatch.setattr(loss_module, "FUSED", False)
     logits = torch.randn(2, 3, 9, requires_grad=True)
     loss = label_smoothed_nll(logits, torch.tensor([[4, 5, 6], [7, 8, PAD]]), 0.1, PAD)[0]
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def _both_paths(logits, target, eps, monkeypatch):
+    out = []
+    for fused in (True, False):
+        monkeypatch.setattr(loss_module, "FUSED", fused)
+        x = logits.clone().requires_grad_()
+        loss, nll, n = label_smoothed_nll(x, target, eps, PAD)
+        (1.5 * loss).backward()
+        out.append((loss.detach(), nll, n, x.grad))
+    return out
+
+
+@needs_kernels
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_kernel_equals_pytorchs_path(eps, dtype, monkeypatch):
+    """The compiled loss against :class:`_SmoothedNLL` (PyTorch's operations) on a vocabulary that is not a multiple
+    of the kernel's 8-wide vectors, with padded positions and -inf logits (zero probabilities): the same loss and
+    NLL to float32 rounding, and the gradient in the logits' dtype (bfloat16 values equal but for a rare rounding
+    tie of the last bit)."""
+    torch.manual_seed(4)
+    logits = (4 * torch.randn(37, 1003)).to(dtype)
+    # -inf: a zero probability (with smoothing, the loss of such a row is +inf: mass on an impossible token)
+    logits[5, 17] = logits[9, 1:40] = float("-inf") if eps == 0 else -1e4
+    target = torch.randint(1, 1003, (37,))
+    target[::6] = PAD
+    (fl, fn, fc, fg), (rl, rn, rc, rg) = _both_paths(logits, target, eps, monkeypatch)
+    assert fc == rc == 30 and fg.dtype == rg.dtype == dtype
+    torch.testing.assert_close(fl, rl, atol=0, rtol=2e-6)
+    torch.testing.assert_close(fn, rn, atol=0, rtol=2e-6)
+    if dtype == torch.float32:
+        torch.testing.assert_close(fg, rg, atol=1e-7, rtol=1e-5)
+    else:
+        assert (fg != rg).float().mean() < 1e-3 and torch.allclose(fg.float(), rg.float(), atol=1e-3, rtol=1e-2)
+    assert fg[::6].abs().max() == 0  # padded positions
+
+
+@needs_kernels
+def test_fused_kernel_gives_nan_for_a_nan_or_inf_row_and_ignores_padded_ones(monkeypatch):
+    torch.manual_seed(5)
+    logits = torch.randn(4, 50)
+    logits[0, 3] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2] = float("nan")  # padded below: contributes nothing
+    target = torch.tensor([4, 5, PAD, 6])
+    monkeypatch.setattr(loss_module, "FUSED", True)
+    x = logits.clone().requires_grad_()
+    loss, nll, n = label_smoothed_nll(x, target, 0.1, PAD)
+    loss.backward()
+    assert n == 3 and loss.isnan() and nll.isnan()
+    assert x.grad[:2].isnan().all() and x.grad[2].abs().max() == 0 and torch.isfinite(x.grad[3]).all()
+    ref = x.grad[3].clone()
+    y = logits[3:].clone().requires_grad_()
+    label_smoothed_nll(y, target[3:], 0.1, PAD)[0].backward()
+    assert torch.equal(ref, y.grad[0])  # the NaN rows do not leak into the others
+
+
+@needs_kernels
+def test_fused_kernel_refuses_a_target_outside_the_vocabulary(monkeypatch):
+    monkeypatch.setattr(loss_module, "FUSED", True)
+    with pytest.raises(RuntimeError, match="target 50 at position 1 is outside the vocabulary of 50"):
+        label_smoothed_nll(torch.randn(2, 50), torch.tensor([3, 50]), 0.1, PAD)
+
+
+@needs_kernels
+def test_fused_kernel_takes_bfloat16_logits_without_a_float32_copy(monkeypatch):
+    """Under bf16 autocast the gradient reaches the logits in bfloat16 straight from the kernel (PyTorch's path makes
+    a float32 copy and casts its gradient back)."""
+    monkeypatch.setattr(loss_module, "FUSED", True)
+    x = torch.randn(6, 40, dtype=torch.bfloat16, requires_grad=True)
+    loss = label_smoothed_nll(x, torch.tensor([4, 5, 6, 7, 8, PAD]), 0.1, PAD)[0]
+    node, names = loss.grad_fn, []
+    while not hasattr(node, "variable"):  # down to x's AccumulateGrad
+        names.append(type(node).__name__)
+        node = node.next_functions[0][0]
+    assert node.variable is x and "_FusedSmoothedNLLBackward" in names and "ToCopyBackward0" not in names, names

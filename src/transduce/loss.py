@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transduce.model import kernels
+
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor, int]:
     """Label-smoothed cross-entropy and plain negative log-likelihood, summed over non-pad positions.
@@ -29,8 +31,49 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) 
     """
     vocab = logits.shape[-1]
     target = target.reshape(-1)
-    loss, nll = _SmoothedNLL.apply(logits.reshape(-1, vocab).float(), target, eps, pad_id)
+    flat = logits.reshape(-1, vocab)
+    if FUSED and _fused_applies(flat, target):
+        loss, nll = _FusedSmoothedNLL.apply(flat.contiguous(), target.contiguous(), eps, pad_id)
+    else:
+        loss, nll = _SmoothedNLL.apply(flat.float(), target, eps, pad_id)
     return loss.sum(), nll.sum(), int(target.ne(pad_id).sum())
+
+
+#: Use the compiled kernel (``transduce.model.kernels``, ``csrc/training.cpp``) for float32 and bfloat16 logits on
+#: the CPU: one pass over each row forward and one backward, reading the logits in their own dtype (no float32
+#: copy) and writing the gradient in it. Set False for :class:`_SmoothedNLL` (PyTorch's operations) everywhere.
+FUSED = True
+
+
+def _fused_applies(logits: Tensor, target: Tensor) -> bool:
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype in (torch.float32, torch.bfloat16)
+        and target.dtype == torch.int64
+        and logits.shape[1] > 2
+        and kernels.compiled() is not None
+    )
+
+
+class _FusedSmoothedNLL(torch.autograd.Function):
+    """:class:`_SmoothedNLL`'s function through the compiled kernels: the forward pass keeps the logits (no copy)
+    and each row's log-sum-exp; the backward pass writes ``softmax(x) - q`` scaled by the incoming gradient, row by
+    row, in the logits' dtype. The same results as :class:`_SmoothedNLL` to float32 rounding (the exponential is a
+    polynomial accurate to about two units in the last place); a row with a NaN or +inf logit gets NaN."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
+        loss, nll, lse = kernels.compiled().smoothed_nll_forward(x, target, eps, pad_id)
+        ctx.save_for_backward(x, lse, target)
+        ctx.eps, ctx.pad_id = eps, pad_id
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, None, None, None]:
+        x, lse, target = ctx.saved_tensors
+        g = grad_loss.float().contiguous()
+        return kernels.compiled().smoothed_nll_backward(x, lse, target, g, ctx.eps, ctx.pad_id), None, None, None
 
 
 class _SmoothedNLL(torch.autograd.Function):

@@ -1,4 +1,6 @@
-"""transduce's own CPU kernels for decoding steps, built from ``csrc/decoding.cpp`` on first use.
+"""transduce's own CPU kernels, built from ``csrc/decoding.cpp`` and ``csrc/training.cpp`` on first use.
+
+For decoding steps:
 
 - ``attend``: a decoding step attends with one new query per hypothesis (a few per sentence in cross-attention)
   over a short cache: per (row, head) a few dozen multiply-adds. ``torch.nn.functional.scaled_dot_product_attention``
@@ -7,11 +9,19 @@
 - ``logsumexp`` and ``row_topk``: beam search's next-token candidates from the logits in two passes (the
   normaliser of each row, then its largest logits), instead of a log-softmax written out, a sum and a top-k.
 
-:func:`compiled` compiles the C++ file with ``torch.utils.cpp_extension`` the first time a process needs it
+For training steps (float32 and bfloat16):
+
+- ``dropout_apply``: dropout in one pass with a mask hashed from a seed and the element index
+  (:func:`transduce.model.layers.dropout`); the backward pass reapplies the seed, so no mask is stored.
+- ``smoothed_nll_forward`` / ``smoothed_nll_backward``: the label-smoothed loss of :mod:`transduce.loss` in one
+  pass over each row of logits forward and one backward, in the logits' own dtype.
+
+:func:`compiled` compiles the C++ files with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 30-40 seconds with two cores; it needs a C++ compiler, ninja and Python's headers) and keeps the result in
 PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), so later processes
-load it at once. Where it cannot be built, decoding warns once and uses PyTorch's operations: the same results, only
-slower. ``TRANSDUCE_KERNELS=0`` in the environment (or :data:`KERNELS` = False) turns the kernel off.
+load it at once. Where it cannot be built, transduce warns once and uses PyTorch's operations: the same results
+(dropout: the same masks), only slower. ``TRANSDUCE_KERNELS=0`` in the environment (or :data:`KERNELS` = False)
+turns the kernels off.
 
 The compiled code is specific to the CPU features it was built for (AVX2 and FMA when the CPU has them, as PyTorch
 reports), and the extension's name says which, so machines of different kinds can share one cache directory.
@@ -19,6 +29,7 @@ reports), and the extension's name says which, so machines of different kinds ca
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -31,8 +42,10 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-KERNELS = os.environ.get("TRANSDUCE_KERNELS", "1") != "0"  # False: decode with PyTorch's attention only
-SOURCE = Path(__file__).with_name("csrc") / "decoding.cpp"
+KERNELS = os.environ.get("TRANSDUCE_KERNELS", "1") != "0"  # False: PyTorch's operations only
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp")
+HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
 
 _lock = threading.Lock()
 _state: dict[str, ModuleType | Exception | None] = {"module": None, "error": None}
@@ -52,11 +65,12 @@ def build() -> ModuleType:
     from torch.utils import cpp_extension
 
     suffix, arch = _arch_flags()
-    log.info("loading transduce's decoding kernels (compiled on first use, about 30-40 s; then cached)")
+    headers = hashlib.sha256(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:16]
+    log.info("loading transduce's CPU kernels (compiled on first use, about 30-40 s; then cached)")
     return cpp_extension.load(
-        name=f"transduce_decoding_{suffix}",
-        sources=[str(SOURCE)],
-        extra_cflags=["-O3", "-fopenmp-simd", *arch],
+        name=f"transduce_kernels_{suffix}",
+        sources=[str(s) for s in SOURCES],
+        extra_cflags=["-O3", "-fopenmp-simd", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
         verbose=False,
     )
 
@@ -76,8 +90,9 @@ def compiled() -> ModuleType | None:
             except Exception as err:  # a missing compiler, ninja or header: decode without the kernel
                 _state["error"] = err
                 warnings.warn(
-                    f"transduce: could not build the CPU decoding kernels ({type(err).__name__}: {err}); decoding "
-                    "uses PyTorch's operations (same results, slower). Set TRANSDUCE_KERNELS=0 to skip the attempt.",
+                    f"transduce: could not build the CPU kernels ({type(err).__name__}: {err}); decoding and "
+                    "training use PyTorch's operations (same results, slower). Set TRANSDUCE_KERNELS=0 to skip "
+                    "the attempt.",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -112,5 +127,5 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def _required() -> ModuleType:
     module = compiled()
     if module is None:
-        raise RuntimeError("transduce's decoding kernels are not available (see the warning given when they failed)")
+        raise RuntimeError("transduce's CPU kernels are not available (see the warning given when they failed)")
     return module

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transduce.model import kernels
 from transduce.model.packed import project
 
 KV = tuple[Tensor, Tensor]  # (keys, values), each (B, h, T, d_k)
@@ -115,6 +116,7 @@ class LearnedPositions(nn.Module):
 
 FAST_CPU_DROPOUT = True  # set False to use torch.nn.functional.dropout on the CPU too
 _KEEP_LEVELS = 1 << 16  # the CPU dropout draws 16 random bits per element
+_M32 = 0xFFFFFFFF
 
 
 def _keep_levels(p: float) -> int:
@@ -122,52 +124,80 @@ def _keep_levels(p: float) -> int:
     return round((1.0 - p) * _KEEP_LEVELS)
 
 
-def _random_int16(n: int, device: torch.device) -> Tensor:
-    """``n`` draws uniform over [-2^15, 2^15) from PyTorch's generator: four per 64-bit draw."""
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # all 64 bits
-    return bits.view(torch.int16)[:n]
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """``x * c mod 2^32`` for int64 tensors of 32-bit values, in halves so that no product overflows 64 bits."""
+    return ((x & 0xFFFF) * c + (((x >> 16) * c) & 0xFFFF) * 65536) & _M32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """``mix32`` of ``csrc/training.cpp`` (Chris Wellons' lowbias32), on int64 tensors of 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def dropout_draws(n: int, seed: int, device: torch.device | str = "cpu") -> Tensor:
+    """The 16-bit draws (int64 values in [0, 2^16)) of elements 0..n-1 under ``seed``, with PyTorch's operations:
+    what the kernel ``dropout_apply`` of ``csrc/training.cpp`` computes. Element ``i = 16 b + l`` takes the low half
+    of the 32 bits of word ``j = 8 b + l`` for ``l < 8`` and the high half of word ``8 b + l - 8`` otherwise; word
+    ``j``'s bits are ``mix32(mix32(lo32(j) ^ lo32(seed)) ^ (hi32(j) + hi32(seed)))``."""
+    i = torch.arange(n, dtype=torch.int64, device=device)
+    lane = i % 16
+    j = 8 * (i // 16) + lane % 8
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    word = _mix32(_mix32((j & _M32) ^ k0) ^ (((j >> 32) + k1) & _M32))
+    return (word >> (16 * (lane // 8))) & 0xFFFF
+
+
+def _new_seed() -> int:
+    """A 64-bit seed from PyTorch's default CPU generator (so ``torch.manual_seed`` and saved RNG states reproduce
+    the masks)."""
+    return int(torch.empty((), dtype=torch.int64).random_(-(2**63), None))
+
+
+def _apply_mask(x: Tensor, seed: int, levels: int, scale: float) -> Tensor:
+    """``x * scale`` where the draws of ``seed`` keep an element (draw < ``levels``), 0 elsewhere: the compiled kernel
+    for float32 and bfloat16 where it is available, else the same function with PyTorch's operations."""
+    module = kernels.compiled() if x.dtype in (torch.float32, torch.bfloat16) else None
+    if module is not None:
+        return module.dropout_apply(x.contiguous(), seed, levels, scale)
+    keep = dropout_draws(x.numel(), seed, x.device).view(x.shape) < levels
+    return torch.where(keep, x * scale, torch.zeros((), dtype=x.dtype))
 
 
 class _CPUDropout(torch.autograd.Function):
-    """Inverted dropout with the mask from :func:`_random_int16`. A float32 input gets its mask as float32 values
-    ``keep / P(keep)`` (one multiply forward and backward; 4 bytes per element kept for the backward pass); other
-    dtypes keep a bool mask and scale by a Python float, so that the scale is not rounded to the low precision."""
+    """Inverted dropout whose mask is a function of a seed (:func:`dropout_draws`): nothing is kept for the backward
+    pass but the seed, which is applied to the incoming gradient."""
 
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
         levels = _keep_levels(p)
-        keep = _random_int16(x.numel(), x.device).view(x.shape).ge(2**15 - levels)  # exactly `levels` values keep
-        scale = _KEEP_LEVELS / levels
-        ctx.scale = None if x.dtype == torch.float32 else scale
-        if ctx.scale is None:
-            mask = keep.to(x.dtype).mul_(scale)
-            ctx.save_for_backward(mask)
-            return x * mask
-        ctx.save_for_backward(keep)
-        return x.mul(keep).mul_(scale)
+        ctx.seed, ctx.levels, ctx.scale = _new_seed(), levels, _KEEP_LEVELS / levels
+        return _apply_mask(x, ctx.seed, levels, ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        (mask,) = ctx.saved_tensors
-        if ctx.scale is None:
-            return grad * mask, None
-        return grad.mul(mask).mul_(ctx.scale), None
+        return _apply_mask(grad, ctx.seed, ctx.levels, ctx.scale), None
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Inverted dropout (§5.4): in training, zero each element with probability ``p`` and scale the rest by
     ``1 / (1 - p)``; the identity otherwise (``x`` itself, as also for ``p`` = 0).
 
-    On the CPU this draws its mask from 16 random bits per element (a quarter of one 64-bit draw of PyTorch's
-    generator, so seeds and saved RNG states reproduce it) instead of :func:`torch.nn.functional.dropout`, whose
-    CPU Bernoulli sampler makes one double-precision draw per element: with the 0.3 dropout of the ``tiny``
-    preset, that sampler took about 12% of a training step on this project's machine, and forward plus backward of
-    a (2100, 256) dropout took 2.6 ms here against 11-13 ms. The drop probability is therefore rounded to a multiple
-    of 2^-16 (0.3 becomes 0.300003), and the kept elements are scaled by the inverse of the rounded keep
-    probability, so the expectation is preserved (exactly in float32; other dtypes round the product once per
-    element, as :func:`torch.nn.functional.dropout` does). A float32 input keeps a float32 mask for the backward
-    pass (4 bytes per element, against 1 for PyTorch's bool mask). Other devices, and ``p`` within 2^-17 of 1, use
-    :func:`torch.nn.functional.dropout`.
+    On the CPU this is one pass of a compiled kernel (``csrc/training.cpp``, built with the decoding kernels), not
+    :func:`torch.nn.functional.dropout`, whose CPU Bernoulli sampler makes one double-precision draw per element and
+    keeps a mask for the backward pass. Each element's keep decision is 16 bits of a counter-based hash of its index
+    and a 64-bit seed drawn from PyTorch's generator (:func:`dropout_draws`; ``torch.manual_seed`` and saved RNG
+    states reproduce the masks); the backward pass recomputes the mask from the seed, so dropout keeps no memory for
+    it. Forward plus backward of a bfloat16 (4086, 256) activation took 0.3 ms here against 2.8 ms for the earlier
+    mask from PyTorch's generator (``benchmarks/train_speed.py --profile``). The drop probability is rounded to a
+    multiple of 2^-16 (0.3 becomes 0.300003), and the kept elements are scaled by the inverse of the rounded keep
+    probability, so the expectation is preserved (exactly in float32; bfloat16 rounds the product once per element,
+    as :func:`torch.nn.functional.dropout` does). Without the compiled kernels (no compiler, or
+    ``TRANSDUCE_KERNELS=0``) and for other dtypes, PyTorch's operations compute the same masks, more slowly. Other
+    devices, and ``p`` within 2^-17 of 1, use :func:`torch.nn.functional.dropout`.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")

@@ -21,118 +21,9 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "vecmath.h"
 
 namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// e^x for x <= 0; 0 below -87 (where e^x leaves float's normal range) and for -inf. Cody-Waite reduction
-// x = n ln2 + r, |r| <= ln2 / 2, and a degree-6 polynomial for e^r (Cephes' expf coefficients), branch-free so
-// that the loops calling it are vectorised.
-inline float exp_nonpositive(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &y, sizeof bits);
-  bits += static_cast<int32_t>(n) << 23;
-  std::memcpy(&y, &bits, sizeof y);
-  return x < -87.0f ? 0.0f : y;
-}
-
-#if defined(__AVX2__) && defined(__FMA__)
-#define TRANSDUCE_AVX2 1
-// exp_nonpositive on 8 floats at once (the same steps and constants).
-inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 low = _mm256_set1_ps(-87.0f);
-  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
-  const __m256 xc = _mm256_max_ps(x, low);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i scale = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), scale));
-  return _mm256_andnot_ps(under, y);
-}
-
-inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float horizontal_max(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#endif
-
-// sum over j < n of exp(x[j] - shift), writing each term to out[j] when out is not null (x[j] <= shift).
-inline float sum_exp(const float* x, float shift, int64_t n, float* out) {
-  int64_t j = 0;
-  float sum = 0.0f;
-#ifdef TRANSDUCE_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  const __m256 s = _mm256_set1_ps(shift);
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
-    if (out != nullptr) _mm256_storeu_ps(out + j, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  sum = horizontal_sum(acc);
-#endif
-  for (; j < n; ++j) {
-    const float e = exp_nonpositive(x[j] - shift);
-    if (out != nullptr) out[j] = e;
-    sum += e;
-  }
-  return sum;
-}
-
-// max over j < n of x[j] (-inf when n == 0; NaN when any x[j] is NaN, as torch's reductions).
-inline float max_of(const float* x, int64_t n) {
-  int64_t j = 0;
-  float top = kNegInf;
-  bool nan = false;
-#ifdef TRANSDUCE_AVX2
-  __m256 acc = _mm256_set1_ps(kNegInf);
-  __m256 unordered = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_loadu_ps(x + j);
-    acc = _mm256_max_ps(acc, v);
-    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  }
-  top = horizontal_max(acc);
-  nan = _mm256_movemask_ps(unordered) != 0;
-#endif
-  for (; j < n; ++j) {
-    nan |= x[j] != x[j];
-    top = x[j] > top ? x[j] : top;
-  }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : top;
-}
 
 // One query over T keys; key(t) and value(t) give the addresses of key and value t. D > 0: the head size fixed
 // at compile time (the loops unrolled, the accumulator in registers); D == 0: the head size d at run time.
@@ -370,9 +261,12 @@ std::vector<torch::Tensor> row_topk(const torch::Tensor& x, int64_t k) {
   return {values, indices};
 }
 
+void register_training(pybind11::module_& m);  // training.cpp
+
 // The kernels touch no Python object: they let other threads (a server's) run Python meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  register_training(m);
   m.def("attend", &attend, "attention of a decoding step", pybind11::arg("q"), pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"), release());
   m.def("attend_by_table", &attend_by_table, "self-attention of a decoding step over a cache stored by position",

@@ -1,0 +1,335 @@
+// CPU kernels for training steps, float32 and bfloat16: transduce.model.kernels builds this file together with
+// decoding.cpp (one extension module; decoding.cpp's module definition calls register_training).
+//
+// dropout_apply: inverted dropout in one pass, its mask drawn from a counter-based hash of the element index and a
+// 64-bit seed (taken from PyTorch's generator by the caller). Nothing is kept for the backward pass: it applies the
+// same seed to the incoming gradient. transduce.model.layers.keep_mask computes the same mask with PyTorch's
+// operations (the fallback, and the tests' reference).
+//
+// smoothed_nll_forward / smoothed_nll_backward: label-smoothed cross-entropy of (N, V) logits (transduce.loss),
+// one pass over each row forward (its max, sum of exponentials and sum) and one backward (softmax minus the
+// smoothed target, written in the logits' dtype), where PyTorch's operations made about eight passes over a
+// float32 copy of the logits.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "vecmath.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// bfloat16 <-> float32 on the bit patterns (loops of these vectorise)
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, as PyTorch's conversion; NaN stays NaN (0x7FC0, PyTorch's quiet NaN).
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return f != f ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>(rounded);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// dropout
+
+// A bijective 32-bit mix with strong avalanche (Chris Wellons' "lowbias32").
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+// The 32 random bits of word j under the key (k0, k1), j = hi * 2^32 + lo: two keyed rounds of mix32,
+// mix32(mix32(lo ^ k0) ^ (hi + k1)).
+inline uint32_t draw_word(uint32_t lo, uint32_t hi, uint32_t k0, uint32_t k1) {
+  return mix32(mix32(lo ^ k0) ^ (hi + k1));
+}
+
+#ifdef TRANSDUCE_AVX2
+inline __m256i mix32x8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bU)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+// 8 floats from 8 bfloat16 values, and back (round to nearest even; NaN to 0x7FC0).
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline void store_bf16x8(uint16_t* p, __m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(uint16_t* p, __m256 v) { store_bf16x8(p, v); }
+#endif
+
+// Element i = 16 b + l draws 16 bits: the low half of word 8 b + l for l < 8, the high half of word 8 b + l - 8
+// for l >= 8 (blocks of 16 elements: one vector of 8 words serves two vectors of elements). It is kept when those
+// bits are below `levels`: exactly `levels` of the 65,536 values keep it.
+template <class T, class Load, class Store>
+void dropout_blocks(const T* __restrict x, T* __restrict out, int64_t n, uint64_t seed, uint32_t levels, float scale,
+                    Load load, Store store) {
+  const uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  const int64_t blocks = (n + 15) / 16;
+  at::parallel_for(0, blocks, 2048, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const uint64_t j = static_cast<uint64_t>(8 * b);  // words j..j+7 share their high 32 bits
+      const uint32_t lo = static_cast<uint32_t>(j), hi = static_cast<uint32_t>(j >> 32);
+      const int64_t base = 16 * b;
+#ifdef TRANSDUCE_AVX2
+      if (base + 16 <= n) {
+        const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo)),
+                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i w = mix32x8(_mm256_xor_si256(
+            mix32x8(_mm256_xor_si256(lanes, _mm256_set1_epi32(static_cast<int>(k0)))),
+            _mm256_set1_epi32(static_cast<int>(hi + k1))));
+        const __m256i lv = _mm256_set1_epi32(static_cast<int>(levels));  // all values below 2^17: signed compares
+        const __m256 keep_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF))));
+        const __m256 keep_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_srli_epi32(w, 16)));
+        const __m256 sc = _mm256_set1_ps(scale);
+        store8(out + base, _mm256_and_ps(keep_lo, _mm256_mul_ps(load8(x + base), sc)));
+        store8(out + base + 8, _mm256_and_ps(keep_hi, _mm256_mul_ps(load8(x + base + 8), sc)));
+        continue;
+      }
+#endif
+      uint32_t w[8];
+      for (uint32_t l = 0; l < 8; ++l) w[l] = draw_word(lo + l, hi, k0, k1);
+      for (int64_t i = base; i < std::min(base + 16, n); ++i) {
+        const int64_t l = i - base;
+        const uint32_t bits = l < 8 ? (w[l] & 0xFFFFu) : (w[l - 8] >> 16);
+        out[i] = store(bits < levels ? load(x[i]) * scale : 0.0f);
+      }
+    }
+  });
+}
+
+// x: a contiguous float32 or bfloat16 CPU tensor; returns x * scale where kept, 0 elsewhere (same dtype and
+// shape). 0 <= levels <= 65536.
+torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t levels, double scale) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "dropout_apply: x must be a contiguous CPU tensor");
+  TORCH_CHECK(levels >= 0 && levels <= 65536, "dropout_apply: levels must be in [0, 65536], got ", levels);
+  auto out = torch::empty_like(x);
+  const int64_t n = x.numel();
+  const uint64_t s = static_cast<uint64_t>(seed);
+  const uint32_t lv = static_cast<uint32_t>(levels);
+  const float sc = static_cast<float>(scale);
+  if (x.scalar_type() == at::kFloat) {
+    dropout_blocks(x.data_ptr<float>(), out.data_ptr<float>(), n, s, lv, sc, [](float v) { return v; },
+                   [](float v) { return v; });
+  } else if (x.scalar_type() == at::kBFloat16) {
+    dropout_blocks(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                   reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n, s, lv, sc, bf16_to_float,
+                   float_to_bf16);
+  } else {
+    TORCH_CHECK(false, "dropout_apply: float32 or bfloat16 only, got ", x.scalar_type());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// label-smoothed cross-entropy
+
+// One row of V logits (float32 or bfloat16 bits): its max and its sum (NaN when a value is NaN), then the sum of
+// exp(x - shift), then the gradient row g * exp(x - lse) - gc, each in one pass that reads the row in its own dtype.
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) { return bf16_to_float(v); }
+inline void from_float(float v, float* p) { *p = v; }
+inline void from_float(float v, uint16_t* p) { *p = float_to_bf16(v); }
+
+template <class T>
+void max_and_sum(const T* x, int64_t n, float* top, float* sum) {
+  int64_t j = 0;
+  float m = kNegInf, s = 0.0f;
+  bool nan = false;
+#ifdef TRANSDUCE_AVX2
+  __m256 mv = _mm256_set1_ps(kNegInf), sv = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = load8(x + j);
+    mv = _mm256_max_ps(mv, v);
+    sv = _mm256_add_ps(sv, v);
+  }
+  m = horizontal_max(mv);
+  s = horizontal_sum(sv);
+#endif
+  for (; j < n; ++j) {
+    const float v = to_float(x[j]);
+    m = v > m ? v : m;
+    s += v;
+  }
+  nan = s != s;  // a NaN anywhere (or +inf and -inf together) makes the sum NaN
+  *top = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+  *sum = s;
+}
+
+template <class T>
+float sum_exp_of(const T* x, int64_t n, float shift) {
+  int64_t j = 0;
+  float s = 0.0f;
+#ifdef TRANSDUCE_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 sh = _mm256_set1_ps(shift);
+  for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, exp_nonpositive8(_mm256_sub_ps(load8(x + j), sh)));
+  s = horizontal_sum(acc);
+#endif
+  for (; j < n; ++j) s += exp_nonpositive(to_float(x[j]) - shift);
+  return s;
+}
+
+template <class T>
+void softmax_grad_row(const T* x, T* out, int64_t n, float lse, float g, float gc) {
+  int64_t j = 0;
+#ifdef TRANSDUCE_AVX2
+  const __m256 sh = _mm256_set1_ps(lse), gv = _mm256_set1_ps(g), gcv = _mm256_set1_ps(gc);
+  for (; j + 8 <= n; j += 8)
+    store8(out + j, _mm256_fmsub_ps(gv, exp_nonpositive8(_mm256_sub_ps(load8(x + j), sh)), gcv));
+#endif
+  for (; j < n; ++j) from_float(g * exp_nonpositive(to_float(x[j]) - lse) - gc, out + j);
+}
+
+void check_loss_inputs(const torch::Tensor& x, const torch::Tensor& target, int64_t pad, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.stride(1) == 1 &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              name, ": logits must be a (N, V) float32 or bfloat16 CPU tensor with dense rows");
+  TORCH_CHECK(x.size(1) > 2, name, ": the vocabulary must have more than 2 entries, got ", x.size(1));
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == x.size(0) && target.scalar_type() == at::kLong &&
+                  target.is_contiguous() && target.device().is_cpu(),
+              name, ": target must be a contiguous (N,) int64 CPU tensor");
+  TORCH_CHECK(pad >= 0 && pad < x.size(1), name, ": pad id ", pad, " is outside the vocabulary");
+  const int64_t* t = target.data_ptr<int64_t>();
+  for (int64_t r = 0; r < target.size(0); ++r)
+    TORCH_CHECK(t[r] >= 0 && t[r] < x.size(1), name, ": target ", t[r], " at position ", r,
+                " is outside the vocabulary of ", x.size(1));
+}
+
+}  // namespace
+
+// x: (N, V) logits, target: (N,) ids. Returns (loss, nll, lse), each (N,) float32: the label-smoothed loss and
+// the NLL of each position (0 where the target is pad), and each row's log-sum-exp for the backward pass. A row
+// with a NaN or +inf logit gets NaN (PyTorch's log_softmax gives NaN there too); -inf logits are zero
+// probabilities.
+std::vector<torch::Tensor> smoothed_nll_forward(const torch::Tensor& x, const torch::Tensor& target, double eps,
+                                                int64_t pad) {
+  check_loss_inputs(x, target, pad, "smoothed_nll_forward");
+  const int64_t N = x.size(0), V = x.size(1);
+  auto opts = x.options().dtype(at::kFloat);
+  auto loss = torch::empty({N}, opts), nll = torch::empty({N}, opts), lse = torch::empty({N}, opts);
+  float *ld = loss.data_ptr<float>(), *nd = nll.data_ptr<float>(), *sd = lse.data_ptr<float>();
+  const int64_t* td = target.data_ptr<int64_t>();
+  const double c = eps / static_cast<double>(V - 2);
+  auto rows = [&](auto* xd) {
+    at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t t = td[r];
+        if (t == pad) {
+          ld[r] = nd[r] = sd[r] = 0.0f;
+          continue;
+        }
+        const auto* xr = xd + r * x.stride(0);
+        float top, sum;
+        max_and_sum(xr, V, &top, &sum);
+        if (top != top || top == -kNegInf || top == kNegInf) {  // NaN, +inf, or every logit -inf
+          ld[r] = nd[r] = sd[r] = std::numeric_limits<float>::quiet_NaN();
+          continue;
+        }
+        const double s = static_cast<double>(top) + std::log(static_cast<double>(sum_exp_of(xr, V, top)));
+        const double xt = to_float(xr[t]), xp = to_float(xr[pad]);
+        const double n = s - xt;
+        double l = n;
+        if (eps > 0) {  // -log p summed over the V - 2 tokens that are neither the target nor pad
+          const double others = static_cast<double>(V - 2) * s - (static_cast<double>(sum) - xt - xp);
+          l = (1.0 - eps) * n + c * others;
+        }
+        sd[r] = static_cast<float>(s);
+        nd[r] = static_cast<float>(n);
+        ld[r] = static_cast<float>(l);
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat)
+    rows(x.data_ptr<float>());
+  else
+    rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()));
+  return {loss, nll, lse};
+}
+
+// The gradient of sum(grad_loss * loss) with respect to x: grad_loss[r] * (softmax(x[r]) - q[r]), q being the
+// smoothed target (1 - eps on the target, eps / (V - 2) on every other token but pad, 0 on pad); zero rows where
+// the target is pad; NaN rows where the forward pass gave NaN. Returned in x's dtype.
+torch::Tensor smoothed_nll_backward(const torch::Tensor& x, const torch::Tensor& lse, const torch::Tensor& target,
+                                    const torch::Tensor& grad_loss, double eps, int64_t pad) {
+  check_loss_inputs(x, target, pad, "smoothed_nll_backward");
+  const int64_t N = x.size(0), V = x.size(1);
+  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == at::kFloat && lse.numel() == N &&
+                  grad_loss.is_contiguous() && grad_loss.scalar_type() == at::kFloat && grad_loss.numel() == N,
+              "smoothed_nll_backward: lse and grad_loss must be contiguous (N,) float32 tensors");
+  auto grad = torch::empty({N, V}, x.options());
+  const float* sd = lse.data_ptr<float>();
+  const float* gd = grad_loss.data_ptr<float>();
+  const int64_t* td = target.data_ptr<int64_t>();
+  const float c = static_cast<float>(eps / static_cast<double>(V - 2));
+  auto rows = [&](const auto* xd, auto* od) {
+    at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const auto* xr = xd + r * x.stride(0);
+        auto* o = od + r * V;
+        const int64_t t = td[r];
+        const float g = gd[r], s = sd[r];
+        if (t == pad || s != s) {
+          const float fill = t == pad ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+          for (int64_t v = 0; v < V; ++v) from_float(fill, o + v);
+          continue;
+        }
+        softmax_grad_row(xr, o, V, s, g, g * c);  // g * (softmax - eps / (V - 2)) everywhere, then:
+        from_float(g * exp_nonpositive(to_float(xr[pad]) - s), o + pad);  // pad gets no smoothing mass
+        from_float(g * (exp_nonpositive(to_float(xr[t]) - s) - static_cast<float>(1.0 - eps)), o + t);
+      }
+    });
+  };
+  if (x.scalar_type() == at::kFloat)
+    rows(x.data_ptr<float>(), grad.data_ptr<float>());
+  else
+    rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+         reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>()));
+  return grad;
+}
+
+void register_training(pybind11::module_& m) {
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("dropout_apply", &dropout_apply, "x * scale where the seeded mask keeps, 0 elsewhere", pybind11::arg("x"),
+        pybind11::arg("seed"), pybind11::arg("levels"), pybind11::arg("scale"), release());
+  m.def("smoothed_nll_forward", &smoothed_nll_forward, "label-smoothed cross-entropy of each row",
+        pybind11::arg("x"), pybind11::arg("target"), pybind11::arg("eps"), pybind11::arg("pad"), release());
+  m.def("smoothed_nll_backward", &smoothed_nll_backward, "its gradient with respect to the logits",
+        pybind11::arg("x"), pybind11::arg("lse"), pybind11::arg("target"), pybind11::arg("grad_loss"),
+        pybind11::arg("eps"), pybind11::arg("pad"), release());
+}
