@@ -572,9 +572,10 @@ def test_explicit_attention_equals_sdpa_and_its_gradients(kind):
         assert torch.equal(weights[0, 0].triu(1), torch.zeros(7, 7)) and weights[0, 0, 0, 0] == 1
 
 
-def test_explicit_attention_keeps_float32_scores_under_bf16_autocast():
-    """Scores and softmax stay float32 under autocast, so the explicit path is no less accurate than SDPA's own bf16
-    kernel (bf16 scores would lose about 3 more significant bits)."""
+def test_explicit_attention_under_bf16_autocast_has_float32_weights_and_sdpas_accuracy():
+    """Products in bf16, softmax in float32: the weights are float32 and sum to one, and the output is about as
+    close to the float32 result as SDPA's own bf16 kernel (measured: 1.3-1.4x its error, one rounding of the
+    scores more)."""
     q, k, v = _qkv(b=64, t=20, s=20, d=64)
     ref = F.scaled_dot_product_attention(q, k, v)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -582,10 +583,11 @@ def test_explicit_attention_keeps_float32_scores_under_bf16_autocast():
         out, weights = layers_module.explicit_attention(qb, kb, vb, None, False)
         sdpa = F.scaled_dot_product_attention(qb, kb, vb)
     assert out.dtype == torch.bfloat16 and weights.dtype == torch.float32
-    scores = (qb.float() / 8) @ kb.float().transpose(-2, -1)
-    assert torch.allclose(weights, scores.softmax(-1), atol=1e-6)  # float32 products of the bf16 inputs
+    assert torch.allclose(weights.sum(-1), torch.ones(64, 4, 20), atol=1e-6)
+    scores = ((qb / 8) @ kb.transpose(-2, -1)).float()  # bf16 products, as the function computes them
+    assert torch.equal(weights, scores.softmax(-1))
     err, sdpa_err = ((x.float() - ref).norm() / ref.norm() for x in (out, sdpa))
-    assert err < 1.2 * sdpa_err, (err, sdpa_err)
+    assert err < 1.6 * sdpa_err, (err, sdpa_err)
 
 
 def test_explicit_attention_drops_attention_weights_with_the_package_dropout():
