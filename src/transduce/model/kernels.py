@@ -24,7 +24,8 @@ load it at once. Where it cannot be built, transduce warns once and uses PyTorch
 turns the kernels off.
 
 The compiled code is specific to the CPU features it was built for (AVX2 and FMA when the CPU has them, as PyTorch
-reports), and the extension's name says which, so machines of different kinds can share one cache directory.
+reports, and AVX512-BF16's float-to-bf16 conversion where present), and the extension's name says which, so
+machines of different kinds can share one cache directory.
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ _state: dict[str, ModuleType | Exception | None] = {"module": None, "error": Non
 
 
 def _arch_flags() -> tuple[str, list[str]]:
-    """(name suffix, compiler flags) for this CPU: AVX2 with FMA where PyTorch found them, else the compiler's
-    default target."""
+    """(name suffix, compiler flags) for this CPU: AVX2 with FMA where PyTorch found them (plus AVX512-BF16's
+    conversion instructions where the CPU has them; 256-bit vectors still), else the compiler's default target."""
     capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512" and getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+        bf16 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mprefer-vector-width=256"]
+        return "avx512bf16", ["-mavx2", "-mfma", *bf16]
     if capability in ("AVX2", "AVX512"):
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []

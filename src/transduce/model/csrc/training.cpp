@@ -78,6 +78,13 @@ inline __m256 load_bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+// The CPU's own conversion (AVX512-BF16): round to nearest even, NaN stays a NaN.
+inline void store_bf16x8(uint16_t* p, __m256 v) {
+  const __m128bh h = _mm256_cvtneps_pbh(v);
+  std::memcpy(p, &h, sizeof h);
+}
+#else
 inline void store_bf16x8(uint16_t* p, __m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -86,6 +93,7 @@ inline void store_bf16x8(uint16_t* p, __m256 v) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
+#endif
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
