@@ -223,3 +223,54 @@ def test_a_training_step_gives_the_same_loss_and_gradients_without_the_kernels(m
     tol = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-6, rtol=1e-5)
     for a, b in zip(with_kernels, without):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("dtype,p", [(torch.float32, 0.0), (torch.float32, 0.1), (torch.bfloat16, 0.3)])
+def test_fused_residual_equals_dropout_add_and_layer_norm(monkeypatch, dtype, p):
+    """``LayerNorm(x + dropout(y))`` of a post-norm layer in training, through the kernel and through PyTorch's
+    operations with the same dropout seed: the same output and gradients (bf16: the reference rounds
+    ``dropout(y)`` to bf16 before the add, the kernel adds in float32)."""
+    import transduce.model.layers as layers
+
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(40)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    res = layers._Residual(False, p).train()
+    x = torch.randn(3, 37, 40, requires_grad=True)  # 111 rows: blocks of 16 straddle rows
+    y = torch.randn(3, 37, 40).to(dtype).requires_grad_()
+    upstream = torch.randn(3, 37, 40)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(layers, "FUSED_RESIDUAL", fused)
+        for t in (x, y, norm.weight, norm.bias):
+            t.grad = None
+        torch.manual_seed(5)
+        out = res.add(x, y, norm)
+        assert (type(out.grad_fn).__name__ == "_AddLayerNormBackward") == fused
+        out.backward(upstream)
+        results.append((out.detach(), x.grad, y.grad, norm.weight.grad, norm.bias.grad))
+    tol = dict(atol=5e-2, rtol=5e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-5)
+    for a, b in zip(*results):  # the weight and bias gradients sum 111 rows: bf16 differences add up
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+    if p > 0:  # the same mask: y's gradient is zero at the same places
+        assert torch.equal(results[0][2] == 0, results[1][2] == 0)
+
+
+def test_the_model_trains_post_norm_layers_through_the_fused_residual(monkeypatch):
+    import transduce.model.layers as layers
+
+    calls = []
+    real = layers._AddLayerNorm.apply
+    monkeypatch.setattr(layers._AddLayerNorm, "apply", lambda *a: calls.append(1) or real(*a))
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
+    for norm, expected in (("post", 2 * 2 + 3 * 2), ("pre", 0)):
+        model = Transformer(ModelConfig.preset("test", src_vocab_size=50, tgt_vocab_size=50, norm=norm)).train()
+        calls.clear()
+        model(src, tgt).sum().backward()
+        assert len(calls) == expected, norm
+        calls.clear()
+        with torch.no_grad():
+            model.eval()(src, tgt)
+        assert not calls  # inference: PyTorch's add and LayerNorm

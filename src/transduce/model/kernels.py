@@ -74,7 +74,8 @@ def build() -> ModuleType:
     return cpp_extension.load(
         name=f"transduce_kernels_{suffix}",
         sources=[str(s) for s in SOURCES],
-        extra_cflags=["-O3", "-fopenmp-simd", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
+        extra_cflags=["-O3", "-fopenmp", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
+        extra_ldflags=["-fopenmp"],  # libgomp.so.1: the process already has PyTorch's, and uses it
         verbose=False,
     )
 

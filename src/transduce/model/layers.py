@@ -394,6 +394,57 @@ class FeedForward(nn.Module):
 # layers
 
 
+#: Post-norm residual connections in training on the CPU run ``LayerNorm(x + dropout(y))`` as one kernel
+#: (``csrc/training.cpp``: the same dropout mask as :func:`dropout`, the LayerNorm in float32), one pass over the
+#: rows forward and one backward instead of dropout, add and LayerNorm with their backward passes. Set False for
+#: PyTorch's operations.
+FUSED_RESIDUAL = True
+
+
+class _AddLayerNorm(torch.autograd.Function):
+    """``layer_norm(x + dropout(y, p), weight, bias, eps)`` over the last dimension through the kernels; ``x``
+    float32, ``y`` float32 or bfloat16 (the sublayer's output under autocast). Keeps x, y and the row statistics;
+    the backward pass recomputes the sum and the mask (from the seed)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, weight: Tensor, bias: Tensor, p: float, eps: float) -> Tensor:
+        levels = _keep_levels(p) if p > 0 else _KEEP_LEVELS
+        ctx.seed, ctx.levels, ctx.scale = (_new_seed() if p > 0 else 0), levels, _KEEP_LEVELS / levels
+        d = x.shape[-1]
+        x2, y2 = x.reshape(-1, d).contiguous(), y.reshape(-1, d).contiguous()
+        out, mean, rstd = kernels.compiled().add_layer_norm_forward(
+            x2, y2, ctx.seed, levels, ctx.scale, weight.contiguous(), bias.contiguous(), eps
+        )
+        ctx.save_for_backward(x2, y2, mean, rstd, weight)
+        ctx.shapes = x.shape, y.shape
+        return out.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x2, y2, mean, rstd, weight = ctx.saved_tensors
+        g = grad.reshape(x2.shape).float().contiguous()
+        gx, gy, gw, gb = kernels.compiled().add_layer_norm_backward(
+            g, x2, y2, mean, rstd, ctx.seed, ctx.levels, ctx.scale, weight.contiguous()
+        )
+        return gx.view(ctx.shapes[0]), gy.view(ctx.shapes[1]), gw, gb, None, None
+
+
+def _fused_residual_applies(x: Tensor, y: Tensor, norm: nn.LayerNorm, p: float) -> bool:
+    return (
+        FUSED_RESIDUAL
+        and FAST_CPU_DROPOUT
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and y.dtype in (torch.float32, torch.bfloat16)
+        and x.shape == y.shape
+        and norm.weight is not None
+        and norm.bias is not None
+        and norm.weight.dtype == torch.float32
+        and (p == 0.0 or _keep_levels(p) > 0)
+        and kernels.compiled() is not None
+    )
+
+
 class _Residual(nn.Module):
     """Residual wiring shared by both layer types: post-norm ``LayerNorm(x + Dropout(y))`` (the paper) or pre-norm
     ``x + Dropout(y)`` with ``LayerNorm`` applied to the sublayer's input."""
@@ -407,6 +458,8 @@ class _Residual(nn.Module):
         return norm(x) if self.pre_norm else x
 
     def add(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        if self.training and not self.pre_norm and _fused_residual_applies(x, y, norm, self.dropout.p):
+            return _AddLayerNorm.apply(x, y, norm.weight, norm.bias, self.dropout.p, norm.eps)
         x = x + (self.dropout(y) if self.training else y)  # (no module call in inference: each one costs)
         return x if self.pre_norm else norm(x)
 

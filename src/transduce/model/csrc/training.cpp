@@ -164,6 +164,44 @@ torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t levels
   return out;
 }
 
+// Row r's dropout multipliers (scale where kept, 0 where dropped) for the D elements r * D .. r * D + D - 1 of a
+// (R, D) tensor, with dropout_blocks' draws (the mask a dropout of the whole tensor would draw).
+void row_multipliers(int64_t r, int64_t D, uint64_t seed, uint32_t levels, float scale, float* mult) {
+  const uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  int64_t i = r * D;
+  const int64_t end = i + D;
+  while (i < end) {
+    const int64_t b = i / 16, base = 16 * b;
+    const uint64_t j = static_cast<uint64_t>(8 * b);
+    const uint32_t lo = static_cast<uint32_t>(j), hi = static_cast<uint32_t>(j >> 32);
+#ifdef TRANSDUCE_AVX2
+    if (i == base && base + 16 <= end) {  // a whole block: 8 words at once
+      const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i w = mix32x8(_mm256_xor_si256(
+          mix32x8(_mm256_xor_si256(lanes, _mm256_set1_epi32(static_cast<int>(k0)))),
+          _mm256_set1_epi32(static_cast<int>(hi + k1))));
+      const __m256i lv = _mm256_set1_epi32(static_cast<int>(levels));
+      const __m256 sc = _mm256_set1_ps(scale);
+      float* out = mult + (i - r * D);
+      _mm256_storeu_ps(out, _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                              lv, _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)))), sc));
+      _mm256_storeu_ps(out + 8, _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_srli_epi32(w, 16))), sc));
+      i = base + 16;
+      continue;
+    }
+#endif
+    uint32_t w[8];
+    for (uint32_t l = 0; l < 8; ++l) w[l] = draw_word(lo + l, hi, k0, k1);
+    for (int64_t e = std::max(i, base); e < std::min(base + 16, end); ++e) {
+      const int64_t l = e - base;
+      const uint32_t bits = l < 8 ? (w[l] & 0xFFFFu) : (w[l - 8] >> 16);
+      mult[e - r * D] = bits < levels ? scale : 0.0f;
+    }
+    i = base + 16;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // label-smoothed cross-entropy
 
@@ -173,6 +211,11 @@ inline float to_float(float v) { return v; }
 inline float to_float(uint16_t v) { return bf16_to_float(v); }
 inline void from_float(float v, float* p) { *p = v; }
 inline void from_float(float v, uint16_t* p) { *p = float_to_bf16(v); }
+
+template <class T>
+void load_row(const T* src, int64_t n, float* dst) {
+  for (int64_t k = 0; k < n; ++k) dst[k] = to_float(src[k]);
+}
 
 template <class T>
 void max_and_sum(const T* x, int64_t n, float* top, float* sum) {
@@ -331,6 +374,124 @@ torch::Tensor smoothed_nll_backward(const torch::Tensor& x, const torch::Tensor&
   return grad;
 }
 
+// Post-norm residual: out = LayerNorm(x + dropout(y)) * weight + bias over the last dimension, the dropout mask
+// that of dropout_apply on y with the same seed (levels 65536: no dropout). x: (R, D) float32; y: (R, D) float32
+// or bfloat16; both contiguous. Returns (out (R, D) float32, mean (R,), rstd (R,)).
+std::vector<torch::Tensor> add_layer_norm_forward(const torch::Tensor& x, const torch::Tensor& y, int64_t seed,
+                                                  int64_t levels, double scale, const torch::Tensor& weight,
+                                                  const torch::Tensor& bias, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "add_layer_norm: x must be a contiguous (R, D) float32 CPU tensor");
+  TORCH_CHECK(y.sizes() == x.sizes() && y.is_contiguous() &&
+                  (y.scalar_type() == at::kFloat || y.scalar_type() == at::kBFloat16),
+              "add_layer_norm: y must be a contiguous float32 or bfloat16 tensor shaped like x");
+  const int64_t R = x.size(0), D = x.size(1);
+  TORCH_CHECK(weight.numel() == D && bias.numel() == D && weight.scalar_type() == at::kFloat &&
+                  bias.scalar_type() == at::kFloat && weight.is_contiguous() && bias.is_contiguous(),
+              "add_layer_norm: weight and bias must be contiguous float32 (D,)");
+  auto out = torch::empty_like(x);
+  auto mean = torch::empty({R}, x.options()), rstd = torch::empty({R}, x.options());
+  const float *xd = x.data_ptr<float>(), *wd = weight.data_ptr<float>(), *bd = bias.data_ptr<float>();
+  float *od = out.data_ptr<float>(), *md = mean.data_ptr<float>(), *rd = rstd.data_ptr<float>();
+  const uint64_t sd = static_cast<uint64_t>(seed);
+  const uint32_t lv = static_cast<uint32_t>(levels);
+  const float sc = static_cast<float>(scale);
+  auto rows = [&](const auto* yd) {
+    at::parallel_for(0, R, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> mult(D), sum(D);
+      for (int64_t r = begin; r < end; ++r) {
+        row_multipliers(r, D, sd, lv, sc, mult.data());
+        load_row(yd + r * D, D, sum.data());
+        const float* xr = xd + r * D;
+        float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+        for (int64_t k = 0; k < D; ++k) {
+          sum[k] = xr[k] + sum[k] * mult[k];
+          m += sum[k];
+        }
+        m /= static_cast<float>(D);
+        float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+        for (int64_t k = 0; k < D; ++k) var += (sum[k] - m) * (sum[k] - m);
+        const float rs = 1.0f / std::sqrt(var / static_cast<float>(D) + static_cast<float>(eps));
+        float* o = od + r * D;
+        for (int64_t k = 0; k < D; ++k) o[k] = (sum[k] - m) * rs * wd[k] + bd[k];
+        md[r] = m;
+        rd[r] = rs;
+      }
+    });
+  };
+  if (y.scalar_type() == at::kFloat)
+    rows(y.data_ptr<float>());
+  else
+    rows(reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>()));
+  return {out, mean, rstd};
+}
+
+// Its gradients: (grad_x float32, grad_y in y's dtype, grad_weight, grad_bias), from grad (R, D) float32.
+std::vector<torch::Tensor> add_layer_norm_backward(const torch::Tensor& grad, const torch::Tensor& x,
+                                                   const torch::Tensor& y, const torch::Tensor& mean,
+                                                   const torch::Tensor& rstd, int64_t seed, int64_t levels,
+                                                   double scale, const torch::Tensor& weight) {
+  TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == at::kFloat && grad.is_contiguous(),
+              "add_layer_norm_backward: grad must be a contiguous float32 tensor shaped like x");
+  const int64_t R = x.size(0), D = x.size(1);
+  auto gx = torch::empty_like(x), gy = torch::empty_like(y);
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (R + 63) / 64));
+  auto partial = torch::zeros({chunks, 2, D}, x.options());  // per chunk: sum of g * xhat, sum of g
+  const float *gd = grad.data_ptr<float>(), *xd = x.data_ptr<float>(), *wd = weight.data_ptr<float>();
+  const float *md = mean.data_ptr<float>(), *rd = rstd.data_ptr<float>();
+  float *gxd = gx.data_ptr<float>(), *pd = partial.data_ptr<float>();
+  const uint64_t sd = static_cast<uint64_t>(seed);
+  const uint32_t lv = static_cast<uint32_t>(levels);
+  const float sc = static_cast<float>(scale);
+  auto rows = [&](const auto* yd, auto* gyd) {
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      std::vector<float> mult(D), xhat(D), gxh(D);
+      for (int64_t c = c0; c < c1; ++c) {
+        float* gw = pd + c * 2 * D;
+        float* gb = gw + D;
+        for (int64_t r = c * R / chunks; r < (c + 1) * R / chunks; ++r) {
+          row_multipliers(r, D, sd, lv, sc, mult.data());
+          load_row(yd + r * D, D, xhat.data());
+          const float *xr = xd + r * D, *g = gd + r * D;
+          const float m = md[r], rs = rd[r];
+          float a = 0.0f, b = 0.0f;  // mean of gxh, mean of gxh * xhat
+          for (int64_t k = 0; k < D; ++k) {
+            xhat[k] = (xr[k] + xhat[k] * mult[k] - m) * rs;
+            gxh[k] = g[k] * wd[k];
+          }
+          for (int64_t k = 0; k < D; ++k) {
+            gw[k] += g[k] * xhat[k];
+            gb[k] += g[k];
+          }
+#pragma omp simd reduction(+ : a, b)
+          for (int64_t k = 0; k < D; ++k) {
+            a += gxh[k];
+            b += gxh[k] * xhat[k];
+          }
+          a /= static_cast<float>(D);
+          b /= static_cast<float>(D);
+          float* gxr = gxd + r * D;
+          auto* gyr = gyd + r * D;
+          for (int64_t k = 0; k < D; ++k) {
+            const float gs = rs * (gxh[k] - a - xhat[k] * b);
+            gxr[k] = gs;
+            from_float(gs * mult[k], gyr + k);
+          }
+        }
+      }
+    });
+  };
+  if (y.scalar_type() == at::kFloat)
+    rows(y.data_ptr<float>(), gy.data_ptr<float>());
+  else
+    rows(reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>()),
+         reinterpret_cast<uint16_t*>(gy.data_ptr<at::BFloat16>()));
+  auto sums = partial.sum(0);
+  return {gx, gy, sums[0], sums[1]};
+}
+
 void register_training(pybind11::module_& m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("dropout_apply", &dropout_apply, "x * scale where the seeded mask keeps, 0 elsewhere", pybind11::arg("x"),
@@ -340,4 +501,10 @@ void register_training(pybind11::module_& m) {
   m.def("smoothed_nll_backward", &smoothed_nll_backward, "its gradient with respect to the logits",
         pybind11::arg("x"), pybind11::arg("lse"), pybind11::arg("target"), pybind11::arg("grad_loss"),
         pybind11::arg("eps"), pybind11::arg("pad"), release());
+  m.def("add_layer_norm_forward", &add_layer_norm_forward, "LayerNorm(x + dropout(y)) * weight + bias",
+        pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("seed"), pybind11::arg("levels"),
+        pybind11::arg("scale"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"), release());
+  m.def("add_layer_norm_backward", &add_layer_norm_backward, "its gradients", pybind11::arg("grad"),
+        pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("mean"), pybind11::arg("rstd"), pybind11::arg("seed"),
+        pybind11::arg("levels"), pybind11::arg("scale"), pybind11::arg("weight"), release());
 }
