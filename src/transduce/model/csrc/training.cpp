@@ -99,6 +99,20 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 inline void store8(uint16_t* p, __m256 v) { store_bf16x8(p, v); }
+
+// The keep masks of the 16 elements of block b (words 8 b .. 8 b + 7): all-ones lanes where kept, for the elements
+// 16 b .. 16 b + 7 (the words' low halves) and 16 b + 8 .. 16 b + 15 (their high halves).
+inline void block_keep8(int64_t b, uint32_t k0, uint32_t k1, uint32_t levels, __m256* low, __m256* high) {
+  const uint64_t j = static_cast<uint64_t>(8 * b);  // words j..j+7 share their high 32 bits
+  const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(j))),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+  const __m256i key1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(j >> 32) + k1));
+  const __m256i w = mix32x8(_mm256_xor_si256(mix32x8(_mm256_xor_si256(lanes, key0)), key1));
+  const __m256i lv = _mm256_set1_epi32(static_cast<int>(levels));  // all values below 2^17: signed compares
+  *low = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF))));
+  *high = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_srli_epi32(w, 16)));
+}
 #endif
 
 // Element i = 16 b + l draws 16 bits: the low half of word 8 b + l for l < 8, the high half of word 8 b + l - 8
@@ -116,14 +130,8 @@ void dropout_blocks(const T* __restrict x, T* __restrict out, int64_t n, uint64_
       const int64_t base = 16 * b;
 #ifdef TRANSDUCE_AVX2
       if (base + 16 <= n) {
-        const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo)),
-                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256i w = mix32x8(_mm256_xor_si256(
-            mix32x8(_mm256_xor_si256(lanes, _mm256_set1_epi32(static_cast<int>(k0)))),
-            _mm256_set1_epi32(static_cast<int>(hi + k1))));
-        const __m256i lv = _mm256_set1_epi32(static_cast<int>(levels));  // all values below 2^17: signed compares
-        const __m256 keep_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF))));
-        const __m256 keep_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_srli_epi32(w, 16)));
+        __m256 keep_lo, keep_hi;
+        block_keep8(b, k0, k1, levels, &keep_lo, &keep_hi);
         const __m256 sc = _mm256_set1_ps(scale);
         store8(out + base, _mm256_and_ps(keep_lo, _mm256_mul_ps(load8(x + base), sc)));
         store8(out + base + 8, _mm256_and_ps(keep_hi, _mm256_mul_ps(load8(x + base + 8), sc)));
@@ -176,17 +184,12 @@ void row_multipliers(int64_t r, int64_t D, uint64_t seed, uint32_t levels, float
     const uint32_t lo = static_cast<uint32_t>(j), hi = static_cast<uint32_t>(j >> 32);
 #ifdef TRANSDUCE_AVX2
     if (i == base && base + 16 <= end) {  // a whole block: 8 words at once
-      const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(lo)),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      const __m256i w = mix32x8(_mm256_xor_si256(
-          mix32x8(_mm256_xor_si256(lanes, _mm256_set1_epi32(static_cast<int>(k0)))),
-          _mm256_set1_epi32(static_cast<int>(hi + k1))));
-      const __m256i lv = _mm256_set1_epi32(static_cast<int>(levels));
+      __m256 keep_lo, keep_hi;
+      block_keep8(b, k0, k1, levels, &keep_lo, &keep_hi);
       const __m256 sc = _mm256_set1_ps(scale);
       float* out = mult + (i - r * D);
-      _mm256_storeu_ps(out, _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                                              lv, _mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)))), sc));
-      _mm256_storeu_ps(out + 8, _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_srli_epi32(w, 16))), sc));
+      _mm256_storeu_ps(out, _mm256_and_ps(keep_lo, sc));
+      _mm256_storeu_ps(out + 8, _mm256_and_ps(keep_hi, sc));
       i = base + 16;
       continue;
     }
