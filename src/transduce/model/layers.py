@@ -191,14 +191,14 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     keeps a mask for the backward pass. Each element's keep decision is 16 bits of a counter-based hash of its index
     and a 64-bit seed drawn from PyTorch's generator (:func:`dropout_draws`; ``torch.manual_seed`` and saved RNG
     states reproduce the masks); the backward pass recomputes the mask from the seed, so dropout keeps no memory for
-    it. Forward plus backward of a bfloat16 (4086, 256) activation took about 0.9 ms in a training step's profile
-    here, against about 2.8 ms with the earlier mask from PyTorch's generator (``benchmarks/train_speed.py
-    --profile``). The drop probability is rounded to a
-    multiple of 2^-16 (0.3 becomes 0.300003), and the kept elements are scaled by the inverse of the rounded keep
-    probability, so the expectation is preserved (exactly in float32; bfloat16 rounds the product once per element,
-    as :func:`torch.nn.functional.dropout` does). Without the compiled kernels (no compiler, or
-    ``TRANSDUCE_KERNELS=0``) and for other dtypes, PyTorch's operations compute the same masks, more slowly. Other
-    devices, and ``p`` within 2^-17 of 1, use :func:`torch.nn.functional.dropout`.
+    it. On a bfloat16 (4086, 256) activation the kernel takes about 0.11 ms each way on two threads, against about
+    2.8 ms forward plus backward for the earlier mask drawn from PyTorch's generator (``benchmarks/train_speed.py
+    --profile``, RESULTS_speed.md). The drop probability is rounded to a multiple of 2^-16 (0.3 becomes 0.300003),
+    and the kept elements are scaled by the inverse of the rounded keep probability, so the expectation is preserved
+    (exactly in float32; bfloat16 rounds the product once per element, as :func:`torch.nn.functional.dropout` does).
+    Without the compiled kernels (no compiler, or ``TRANSDUCE_KERNELS=0``) and for other dtypes, PyTorch's operations
+    compute the same masks, more slowly. Other devices, and ``p`` within 2^-17 of 1, use
+    :func:`torch.nn.functional.dropout`.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
