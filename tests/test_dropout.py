@@ -176,3 +176,13 @@ def test_model_uses_it():
     model = Transformer(ModelConfig.preset("test", src_vocab_size=20, tgt_vocab_size=20, activation_dropout=0.1))
     kinds = {type(m) for m in model.modules() if isinstance(m, torch.nn.Dropout)}
     assert kinds == {Dropout}
+
+
+def test_a_second_order_gradient_through_dropout_is_refused(path):
+    """The backward pass is not itself differentiable: asking for it must fail loudly, not silently drop the
+    dropout branch of a second-order gradient."""
+    torch.manual_seed(6)
+    x = torch.randn(40, requires_grad=True)
+    (g,) = torch.autograd.grad(dropout(x, 0.5, True).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        g.sum().backward()

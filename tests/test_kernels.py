@@ -274,3 +274,22 @@ def test_the_model_trains_post_norm_layers_through_the_fused_residual(monkeypatc
         with torch.no_grad():
             model.eval()(src, tgt)
         assert not calls  # inference: PyTorch's add and LayerNorm
+
+
+def test_fused_residual_drops_an_infinite_value_as_dropout_does(monkeypatch):
+    """A non-finite sublayer output at a dropped position is dropped (0), not multiplied into a NaN."""
+    import transduce.model.layers as layers
+
+    norm = torch.nn.LayerNorm(32)
+    res = layers._Residual(False, 0.5).train()
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    y[:, 3] = float("inf")
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(layers, "FUSED_RESIDUAL", fused)
+        torch.manual_seed(8)
+        with torch.no_grad():
+            outs.append(res.add(x, y, norm))
+    assert torch.equal(outs[0].isnan(), outs[1].isnan()) and 0 < int(outs[0].isnan().any(-1).sum()) < 64
+    finite = ~outs[1].isnan()
+    torch.testing.assert_close(outs[0][finite], outs[1][finite], atol=1e-5, rtol=1e-5)

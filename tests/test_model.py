@@ -572,6 +572,18 @@ def test_explicit_attention_equals_sdpa_and_its_gradients(kind):
         assert torch.equal(weights[0, 0].triu(1), torch.zeros(7, 7)) and weights[0, 0, 0, 0] == 1
 
 
+def test_explicit_attention_gives_a_query_with_every_key_masked_zeros_as_sdpa_does():
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    mask = torch.ones(5, 1, 1, 9, dtype=torch.bool)
+    mask[2] = False
+    out, weights = layers_module.explicit_attention(q, k, v, mask, False)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.isfinite(out).all() and out[2].abs().max() == 0 and weights[2].abs().max() == 0
+    torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and q.grad[2].abs().max() == 0
+
+
 def test_explicit_attention_under_bf16_autocast_has_float32_weights_and_sdpas_accuracy():
     """Products in bf16, softmax in float32: the weights are float32 and sum to one, and the output is about as
     close to the float32 result as SDPA's own bf16 kernel (measured: 1.3-1.4x its error, one rounding of the

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from transduce.model import kernels
 
@@ -70,6 +71,7 @@ class _FusedSmoothedNLL(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, None, None, None]:
         x, lse, target = ctx.saved_tensors
         g = grad_loss.float().contiguous()

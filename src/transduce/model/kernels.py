@@ -15,6 +15,8 @@ For training steps (float32 and bfloat16):
   (:func:`transduce.model.layers.dropout`); the backward pass reapplies the seed, so no mask is stored.
 - ``smoothed_nll_forward`` / ``smoothed_nll_backward``: the label-smoothed loss of :mod:`transduce.loss` in one
   pass over each row of logits forward and one backward, in the logits' own dtype.
+- ``add_layer_norm_forward`` / ``add_layer_norm_backward``: a post-norm residual ``LayerNorm(x + dropout(y))``
+  (:class:`transduce.model.layers._AddLayerNorm`) in one pass over the rows each way.
 
 :func:`compiled` compiles the C++ files with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 30-40 seconds with two cores; it needs a C++ compiler, ninja and Python's headers) and keeps the result in

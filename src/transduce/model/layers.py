@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from transduce.model import kernels
 from transduce.model.packed import project
@@ -178,6 +179,7 @@ class _CPUDropout(torch.autograd.Function):
         return _apply_mask(x, ctx.seed, levels, ctx.scale)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         return _apply_mask(grad, ctx.seed, ctx.levels, ctx.scale), None
 
@@ -355,6 +357,8 @@ def explicit_attention(
     (``python benchmarks/attention_precision.py --model ...``): the linear layers' bf16 products dominate, and
     float32 scores cost 1.04x the step. ``dropout_p`` drops attention weights (:func:`dropout`).
 
+    A query whose every key is masked gets zero weights and a zero output, as from SDPA.
+
     Returns:
         output (B, h, Tq, d_v) in ``v``'s dtype and the weights (B, h, Tq, Tk), float32.
     """
@@ -364,6 +368,10 @@ def explicit_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1, dtype=torch.float32)
+    if mask is not None:
+        nothing = ~mask.any(dim=-1, keepdim=True)  # a query with every key masked: zeros, as SDPA gives, not NaN
+        if bool(nothing.any()):
+            weights = weights.masked_fill(nothing, 0.0)
     dropped = dropout(weights, dropout_p, dropout_p > 0.0)
     return dropped.to(v.dtype) @ v, weights
 
@@ -420,6 +428,7 @@ class _AddLayerNorm(torch.autograd.Function):
         return out.view(x.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor):
         x2, y2, mean, rstd, weight = ctx.saved_tensors
         g = grad.reshape(x2.shape).float().contiguous()
@@ -437,9 +446,10 @@ def _fused_residual_applies(x: Tensor, y: Tensor, norm: nn.LayerNorm, p: float) 
         and x.dtype == torch.float32
         and y.dtype in (torch.float32, torch.bfloat16)
         and x.shape == y.shape
+        and tuple(norm.normalized_shape) == (x.shape[-1],)
         and norm.weight is not None
         and norm.bias is not None
-        and norm.weight.dtype == torch.float32
+        and norm.weight.dtype == norm.bias.dtype == torch.float32
         and (p == 0.0 or _keep_levels(p) > 0)
         and kernels.compiled() is not None
     )

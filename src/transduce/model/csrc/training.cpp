@@ -3,13 +3,16 @@
 //
 // dropout_apply: inverted dropout in one pass, its mask drawn from a counter-based hash of the element index and a
 // 64-bit seed (taken from PyTorch's generator by the caller). Nothing is kept for the backward pass: it applies the
-// same seed to the incoming gradient. transduce.model.layers.keep_mask computes the same mask with PyTorch's
+// same seed to the incoming gradient. transduce.model.layers.dropout_draws computes the same mask with PyTorch's
 // operations (the fallback, and the tests' reference).
 //
 // smoothed_nll_forward / smoothed_nll_backward: label-smoothed cross-entropy of (N, V) logits (transduce.loss),
 // one pass over each row forward (its max, sum of exponentials and sum) and one backward (softmax minus the
 // smoothed target, written in the logits' dtype), where PyTorch's operations made about eight passes over a
 // float32 copy of the logits.
+//
+// add_layer_norm_forward / add_layer_norm_backward: a post-norm residual LayerNorm(x + dropout(y)) in one pass over
+// the rows each way (transduce.model.layers._AddLayerNorm), with dropout_apply's mask.
 
 #include <torch/extension.h>
 
@@ -79,7 +82,8 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
-// The CPU's own conversion (AVX512-BF16): round to nearest even, NaN stays a NaN.
+// The CPU's own conversion (AVX512-BF16): round to nearest even, NaN stays a NaN; unlike PyTorch's conversion it
+// flushes subnormal values (below about 1.2e-38) to zero.
 inline void store_bf16x8(uint16_t* p, __m256 v) {
   const __m128bh h = _mm256_cvtneps_pbh(v);
   std::memcpy(p, &h, sizeof h);
@@ -409,7 +413,7 @@ std::vector<torch::Tensor> add_layer_norm_forward(const torch::Tensor& x, const 
         float m = 0.0f;
 #pragma omp simd reduction(+ : m)
         for (int64_t k = 0; k < D; ++k) {
-          sum[k] = xr[k] + sum[k] * mult[k];
+          sum[k] = xr[k] + (mult[k] != 0.0f ? sum[k] * mult[k] : 0.0f);  // a dropped inf or NaN is dropped
           m += sum[k];
         }
         m /= static_cast<float>(D);
@@ -436,8 +440,16 @@ std::vector<torch::Tensor> add_layer_norm_backward(const torch::Tensor& grad, co
                                                    const torch::Tensor& y, const torch::Tensor& mean,
                                                    const torch::Tensor& rstd, int64_t seed, int64_t levels,
                                                    double scale, const torch::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && y.sizes() == x.sizes() &&
+                  y.is_contiguous() && (y.scalar_type() == at::kFloat || y.scalar_type() == at::kBFloat16),
+              "add_layer_norm_backward: x and y as add_layer_norm_forward took them");
   TORCH_CHECK(grad.sizes() == x.sizes() && grad.scalar_type() == at::kFloat && grad.is_contiguous(),
               "add_layer_norm_backward: grad must be a contiguous float32 tensor shaped like x");
+  TORCH_CHECK(mean.numel() == x.size(0) && rstd.numel() == x.size(0) && weight.numel() == x.size(1) &&
+                  mean.scalar_type() == at::kFloat && rstd.scalar_type() == at::kFloat &&
+                  weight.scalar_type() == at::kFloat && mean.is_contiguous() && rstd.is_contiguous() &&
+                  weight.is_contiguous(),
+              "add_layer_norm_backward: mean, rstd (R,) and weight (D,) must be contiguous float32");
   const int64_t R = x.size(0), D = x.size(1);
   auto gx = torch::empty_like(x), gy = torch::empty_like(y);
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (R + 63) / 64));
@@ -461,7 +473,7 @@ std::vector<torch::Tensor> add_layer_norm_backward(const torch::Tensor& grad, co
           const float m = md[r], rs = rd[r];
           float a = 0.0f, b = 0.0f;  // mean of gxh, mean of gxh * xhat
           for (int64_t k = 0; k < D; ++k) {
-            xhat[k] = (xr[k] + xhat[k] * mult[k] - m) * rs;
+            xhat[k] = (xr[k] + (mult[k] != 0.0f ? xhat[k] * mult[k] : 0.0f) - m) * rs;
             gxh[k] = g[k] * wd[k];
           }
           for (int64_t k = 0; k < D; ++k) {
