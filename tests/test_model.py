@@ -637,6 +637,10 @@ def test_cpu_training_attention_uses_explicit_products_and_the_same_gradients(mo
     with torch.no_grad():
         model(src, tgt)
     assert len(calls) == 6
+    monkeypatch.setattr(layers_module, "EXPLICIT_MAX_KEYS", 6)  # sources of 7 keys, targets of 6
+    calls.clear()
+    model(src, tgt).sum().backward()
+    assert len(calls) == 2 + 2  # encoder self-attention and cross-attention: over 6 keys, through SDPA
 
 
 def test_dropout_is_configurable_and_off_in_eval():

@@ -325,7 +325,8 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
         p = self.dropout if self.training else 0.0
-        if need_weights or (EXPLICIT_CPU_BACKWARD and q.requires_grad and q.device.type == "cpu"):
+        explicit = EXPLICIT_CPU_BACKWARD and q.requires_grad and q.device.type == "cpu"
+        if need_weights or (explicit and k.shape[2] <= EXPLICIT_MAX_KEYS):
             out, weights = explicit_attention(q, k, v, mask, is_causal, p)
             weights = weights if need_weights else None
         else:
@@ -340,8 +341,11 @@ class MultiHeadAttention(nn.Module):
 #: ``scaled_dot_product_attention``, whose CPU kernel is a flash-attention kernel built for long sequences: at
 #: translation lengths its backward pass was 3-5x slower than the explicit products in bf16 and about 1.2x slower in
 #: float32 on this project's machine (``benchmarks/train_speed.py --profile`` shows both). The cost is memory: the
-#: (B, h, T, S) weights are kept for the backward pass. Set False to use SDPA everywhere.
+#: (B, h, T, S) scores and weights are kept for the backward pass, so batches with more than
+#: :data:`EXPLICIT_MAX_KEYS` keys (where the explicit products' lead also shrinks: at 400 keys 1.7x in bf16, none in
+#: float32) keep SDPA's kernel, whose memory grows linearly with length. Set False to use SDPA everywhere.
 EXPLICIT_CPU_BACKWARD = True
+EXPLICIT_MAX_KEYS = 512
 
 
 def explicit_attention(
