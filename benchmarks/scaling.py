@@ -16,16 +16,17 @@ For each configuration and source length L (``--lengths``), each in a fresh chil
   The output length is forced (``min_len`` = ``max_len``) to L tokens + EOS (``--out-len source``) or to a fixed
   number of tokens (``--out-len N``, so that only the source length varies). Reported per sentence.
 
-The model has random weights (vocabulary ``--vocab``, shared). Times are medians of ``--reps`` runs after a
-warm-up run (for translation a warm-up of 8 output tokens). The attention share is the share of operator CPU time
-spent inside ``scaled_dot_product_attention`` and its backward, and in decoding inside transduce's attention kernels
-(``transduce.model.kernels``, recorded for the profiler by ``profile_kernels``): torch.profiler, one run in another
-process, with tcmalloc preloaded when installed (see ``profile_env``), Python overhead between operators not
-counted. It is the part quadratic in length (Q K^T, softmax, weights x V); the Q/K/V and output projections are
-linear in length and not counted. Beside it for training: attention's share of the matmul FLOPs
-(``speed_common.forward_flops``), and for decoding the share of ``cat`` + ``index_select`` (growing the KV cache by
-one position per step and re-ordering it between beams: O(L) per step, O(L^2) per sentence; for sources of 32 tokens
-or more the cache is stored by position and neither copied nor gathered, only its row table is:
+The model has random weights (vocabulary ``--vocab``, shared). Times are medians of ``--reps`` runs after a warm-up
+run (for translation a warm-up of 8 output tokens). The attention share is the share of operator CPU time spent
+inside ``scaled_dot_product_attention`` and its backward, in training up to 512 keys inside
+``layers.explicit_attention`` and its backward (batched products and softmax), and in decoding inside transduce's
+attention kernels (``transduce.model.kernels``; both recorded for the profiler by ``profile_kernels``):
+torch.profiler, one run in another process, with tcmalloc preloaded when installed (see ``profile_env``), Python
+overhead between operators not counted. It is the part quadratic in length (Q K^T, softmax, weights x V); the Q/K/V
+and output projections are linear in length and not counted. Beside it for training: attention's share of the matmul
+FLOPs (``speed_common.forward_flops``), and for decoding the share of ``cat`` + ``index_select`` (growing the KV
+cache by one position per step and re-ordering it between beams: O(L) per step, O(L^2) per sentence; for sources of
+32 tokens or more the cache is stored by position and neither copied nor gathered, only its row table is:
 ``transduce.model.step``). Training is also measured at ``--train-long`` lengths (800 and 1600 by default; cheap
 under the token budget) to show where attention overtakes the rest.
 
@@ -54,6 +55,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import transduce.model.layers as layers
 from speed_common import (
     TCMALLOC,
     environment,
@@ -94,7 +96,9 @@ def op_shares(prof) -> dict[str, float]:
     """Shares of operator CPU time: attention (SDPA forward and backward, children included) and KV-cache work."""
     events = list(prof.events())
     total = sum(e.self_cpu_time_total for e in events)
-    groups = {"attention": ("scaled_dot_product", "scaleddotproduct"), "cache": ("aten::cat", "aten::index_select")}
+    attention = ("scaled_dot_product", "scaleddotproduct", "aten::bmm", "bmmbackward", "softmaxbackward")
+    attention += ("aten::_softmax",)  # (not aten::_log_softmax)
+    groups = {"attention": attention, "cache": ("aten::cat", "aten::index_select")}
     out = {}
     for key, words in groups.items():
         hit = [e for e in events if any(w in e.name.lower() for w in words) and not _under(e, words)]
@@ -122,10 +126,19 @@ class _RecordedKernels:
 
 
 def profile_kernels() -> None:
-    """Make the attention of transduce's kernels visible to the profiler (profiled runs only: it costs a little)."""
+    """Make the attention of transduce's kernels and of training's explicit products visible to the profiler
+    (profiled runs only: it costs a little). The explicit products' backward (bmm, softmax) is counted by name: in
+    training only attention multiplies batched matrices or takes a softmax (the loss is a kernel)."""
     module = kernels.compiled()
     if module is not None:
         kernels._state["module"] = _RecordedKernels(module)
+    explicit = layers.explicit_attention
+
+    def recorded(*args, **kwargs):
+        with torch.profiler.record_function("transduce::scaled_dot_product_explicit"):
+            return explicit(*args, **kwargs)
+
+    layers.explicit_attention = recorded
 
 
 def run_worker(spec: dict) -> dict:
@@ -259,7 +272,7 @@ def plot(rows: list[dict], path: Path, train_title: str) -> None:
     ax1.set(xscale="log", yscale="log", xlabel="source length L (tokens)", ylabel="milliseconds",
             title=f"time vs length (training: {train_title})")  # fmt: skip
     ax2.set(xscale="log", xlabel="source length L (tokens)", ylabel="% of operator CPU time", ylim=(0, 100),
-            title="share of time in attention (SDPA fwd+bwd)")  # fmt: skip
+            title="share of time in attention (fwd+bwd)")  # fmt: skip
     ax2.axhline(50, color="grey", lw=0.8, ls=":")  # above this line attention dominates
     lengths = sorted({r["length"] for r in rows})
     for ax in (ax1, ax2):
