@@ -111,6 +111,12 @@ def applies(x: Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and compiled() is not None
 
 
+def trains(x: Tensor) -> bool:
+    """Whether the training kernels take tensors like ``x``: float32 or bfloat16 on the CPU, and the kernels
+    available."""
+    return x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu" and compiled() is not None
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
     """Softmax attention of ``q`` (N, H, G, D) over ``k``, ``v`` (N, H, T, D), with ``mask`` (N, T) bool (True:
     attend) or None; ``scale`` defaults to 1/sqrt(D). Returns (N, G, H, D): ``scaled_dot_product_attention(q, k, v,

@@ -158,12 +158,20 @@ def _new_seed() -> int:
     return int(torch.empty((), dtype=torch.int64).random_(-(2**63), None))
 
 
+def _mask_parameters(p: float) -> tuple[int, int, float]:
+    """(seed, levels, scale) of a dropout mask at drop probability ``p``: a new seed from PyTorch's generator (none
+    drawn at ``p`` = 0, where every element is kept), the keeping draws, and the factor of the kept elements."""
+    if p == 0.0:
+        return 0, _KEEP_LEVELS, 1.0
+    levels = _keep_levels(p)
+    return _new_seed(), levels, _KEEP_LEVELS / levels
+
+
 def _apply_mask(x: Tensor, seed: int, levels: int, scale: float) -> Tensor:
     """``x * scale`` where the draws of ``seed`` keep an element (draw < ``levels``), 0 elsewhere: the compiled kernel
     for float32 and bfloat16 where it is available, else the same function with PyTorch's operations."""
-    module = kernels.compiled() if x.dtype in (torch.float32, torch.bfloat16) else None
-    if module is not None:
-        return module.dropout_apply(x.contiguous(), seed, levels, scale)
+    if kernels.trains(x):
+        return kernels.compiled().dropout_apply(x.contiguous(), seed, levels, scale)
     keep = dropout_draws(x.numel(), seed, x.device).view(x.shape) < levels
     return torch.where(keep, x * scale, torch.zeros((), dtype=x.dtype))
 
@@ -174,9 +182,8 @@ class _CPUDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        levels = _keep_levels(p)
-        ctx.seed, ctx.levels, ctx.scale = _new_seed(), levels, _KEEP_LEVELS / levels
-        return _apply_mask(x, ctx.seed, levels, ctx.scale)
+        ctx.seed, ctx.levels, ctx.scale = _mask_parameters(p)
+        return _apply_mask(x, ctx.seed, ctx.levels, ctx.scale)
 
     @staticmethod
     @once_differentiable
@@ -420,12 +427,11 @@ class _AddLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, weight: Tensor, bias: Tensor, p: float, eps: float) -> Tensor:
-        levels = _keep_levels(p) if p > 0 else _KEEP_LEVELS
-        ctx.seed, ctx.levels, ctx.scale = (_new_seed() if p > 0 else 0), levels, _KEEP_LEVELS / levels
+        ctx.seed, ctx.levels, ctx.scale = _mask_parameters(p)
         d = x.shape[-1]
         x2, y2 = x.reshape(-1, d).contiguous(), y.reshape(-1, d).contiguous()
         out, mean, rstd = kernels.compiled().add_layer_norm_forward(
-            x2, y2, ctx.seed, levels, ctx.scale, weight.contiguous(), bias.contiguous(), eps
+            x2, y2, ctx.seed, ctx.levels, ctx.scale, weight.contiguous(), bias.contiguous(), eps
         )
         ctx.save_for_backward(x2, y2, mean, rstd, weight)
         ctx.shapes = x.shape, y.shape
@@ -446,16 +452,14 @@ def _fused_residual_applies(x: Tensor, y: Tensor, norm: nn.LayerNorm, p: float) 
     return (
         FUSED_RESIDUAL
         and FAST_CPU_DROPOUT
-        and x.device.type == "cpu"
         and x.dtype == torch.float32
-        and y.dtype in (torch.float32, torch.bfloat16)
         and x.shape == y.shape
         and tuple(norm.normalized_shape) == (x.shape[-1],)
         and norm.weight is not None
         and norm.bias is not None
         and norm.weight.dtype == norm.bias.dtype == torch.float32
         and (p == 0.0 or _keep_levels(p) > 0)
-        and kernels.compiled() is not None
+        and kernels.trains(y)
     )
 
 

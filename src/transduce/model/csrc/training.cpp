@@ -47,6 +47,17 @@ inline uint16_t float_to_bf16(float f) {
   return f != f ? static_cast<uint16_t>(0x7FC0) : static_cast<uint16_t>(rounded);
 }
 
+// The same on a value or a row of either type (float32 values pass through).
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) { return bf16_to_float(v); }
+inline void from_float(float v, float* p) { *p = v; }
+inline void from_float(float v, uint16_t* p) { *p = float_to_bf16(v); }
+
+template <class T>
+void load_row(const T* src, int64_t n, float* dst) {
+  for (int64_t k = 0; k < n; ++k) dst[k] = to_float(src[k]);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // dropout
 
@@ -64,6 +75,20 @@ inline uint32_t mix32(uint32_t x) {
 // mix32(mix32(lo ^ k0) ^ (hi + k1)).
 inline uint32_t draw_word(uint32_t lo, uint32_t hi, uint32_t k0, uint32_t k1) {
   return mix32(mix32(lo ^ k0) ^ (hi + k1));
+}
+
+// Element i = 16 b + l of a tensor draws 16 bits: the low half of word 8 b + l for l < 8, the high half of word
+// 8 b + l - 8 for l >= 8 (blocks of 16 elements: one vector of 8 words serves two vectors of elements). It is kept
+// when those bits are below `levels`: exactly `levels` of the 65,536 values keep it. block_draws writes the 16
+// draws of block b (block_keep8 below: the same as two vectors of masks).
+inline void block_draws(int64_t b, uint32_t k0, uint32_t k1, uint32_t bits[16]) {
+  const uint64_t j = static_cast<uint64_t>(8 * b);  // words j..j+7 share their high 32 bits
+  const uint32_t lo = static_cast<uint32_t>(j), hi = static_cast<uint32_t>(j >> 32);
+  for (uint32_t l = 0; l < 8; ++l) {
+    const uint32_t w = draw_word(lo + l, hi, k0, k1);
+    bits[l] = w & 0xFFFFu;
+    bits[l + 8] = w >> 16;
+  }
 }
 
 #ifdef TRANSDUCE_AVX2
@@ -119,18 +144,14 @@ inline void block_keep8(int64_t b, uint32_t k0, uint32_t k1, uint32_t levels, __
 }
 #endif
 
-// Element i = 16 b + l draws 16 bits: the low half of word 8 b + l for l < 8, the high half of word 8 b + l - 8
-// for l >= 8 (blocks of 16 elements: one vector of 8 words serves two vectors of elements). It is kept when those
-// bits are below `levels`: exactly `levels` of the 65,536 values keep it.
-template <class T, class Load, class Store>
-void dropout_blocks(const T* __restrict x, T* __restrict out, int64_t n, uint64_t seed, uint32_t levels, float scale,
-                    Load load, Store store) {
+// out = x * scale where block_draws keeps an element, 0 elsewhere.
+template <class T>
+void dropout_blocks(const T* __restrict x, T* __restrict out, int64_t n, uint64_t seed, uint32_t levels,
+                    float scale) {
   const uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   const int64_t blocks = (n + 15) / 16;
   at::parallel_for(0, blocks, 2048, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const uint64_t j = static_cast<uint64_t>(8 * b);  // words j..j+7 share their high 32 bits
-      const uint32_t lo = static_cast<uint32_t>(j), hi = static_cast<uint32_t>(j >> 32);
       const int64_t base = 16 * b;
 #ifdef TRANSDUCE_AVX2
       if (base + 16 <= n) {
@@ -142,13 +163,10 @@ void dropout_blocks(const T* __restrict x, T* __restrict out, int64_t n, uint64_
         continue;
       }
 #endif
-      uint32_t w[8];
-      for (uint32_t l = 0; l < 8; ++l) w[l] = draw_word(lo + l, hi, k0, k1);
-      for (int64_t i = base; i < std::min(base + 16, n); ++i) {
-        const int64_t l = i - base;
-        const uint32_t bits = l < 8 ? (w[l] & 0xFFFFu) : (w[l - 8] >> 16);
-        out[i] = store(bits < levels ? load(x[i]) * scale : 0.0f);
-      }
+      uint32_t bits[16];
+      block_draws(b, k0, k1, bits);
+      for (int64_t i = base; i < std::min(base + 16, n); ++i)
+        from_float(bits[i - base] < levels ? to_float(x[i]) * scale : 0.0f, out + i);
     }
   });
 }
@@ -164,12 +182,10 @@ torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t levels
   const uint32_t lv = static_cast<uint32_t>(levels);
   const float sc = static_cast<float>(scale);
   if (x.scalar_type() == at::kFloat) {
-    dropout_blocks(x.data_ptr<float>(), out.data_ptr<float>(), n, s, lv, sc, [](float v) { return v; },
-                   [](float v) { return v; });
+    dropout_blocks(x.data_ptr<float>(), out.data_ptr<float>(), n, s, lv, sc);
   } else if (x.scalar_type() == at::kBFloat16) {
     dropout_blocks(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
-                   reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n, s, lv, sc, bf16_to_float,
-                   float_to_bf16);
+                   reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n, s, lv, sc);
   } else {
     TORCH_CHECK(false, "dropout_apply: float32 or bfloat16 only, got ", x.scalar_type());
   }
@@ -184,8 +200,6 @@ void row_multipliers(int64_t r, int64_t D, uint64_t seed, uint32_t levels, float
   const int64_t end = i + D;
   while (i < end) {
     const int64_t b = i / 16, base = 16 * b;
-    const uint64_t j = static_cast<uint64_t>(8 * b);
-    const uint32_t lo = static_cast<uint32_t>(j), hi = static_cast<uint32_t>(j >> 32);
 #ifdef TRANSDUCE_AVX2
     if (i == base && base + 16 <= end) {  // a whole block: 8 words at once
       __m256 keep_lo, keep_hi;
@@ -198,13 +212,10 @@ void row_multipliers(int64_t r, int64_t D, uint64_t seed, uint32_t levels, float
       continue;
     }
 #endif
-    uint32_t w[8];
-    for (uint32_t l = 0; l < 8; ++l) w[l] = draw_word(lo + l, hi, k0, k1);
-    for (int64_t e = std::max(i, base); e < std::min(base + 16, end); ++e) {
-      const int64_t l = e - base;
-      const uint32_t bits = l < 8 ? (w[l] & 0xFFFFu) : (w[l - 8] >> 16);
-      mult[e - r * D] = bits < levels ? scale : 0.0f;
-    }
+    uint32_t bits[16];
+    block_draws(b, k0, k1, bits);
+    for (int64_t e = std::max(i, base); e < std::min(base + 16, end); ++e)
+      mult[e - r * D] = bits[e - base] < levels ? scale : 0.0f;
     i = base + 16;
   }
 }
@@ -214,15 +225,6 @@ void row_multipliers(int64_t r, int64_t D, uint64_t seed, uint32_t levels, float
 
 // One row of V logits (float32 or bfloat16 bits): its max and its sum (NaN when a value is NaN), then the sum of
 // exp(x - shift), then the gradient row g * exp(x - lse) - gc, each in one pass that reads the row in its own dtype.
-inline float to_float(float v) { return v; }
-inline float to_float(uint16_t v) { return bf16_to_float(v); }
-inline void from_float(float v, float* p) { *p = v; }
-inline void from_float(float v, uint16_t* p) { *p = float_to_bf16(v); }
-
-template <class T>
-void load_row(const T* src, int64_t n, float* dst) {
-  for (int64_t k = 0; k < n; ++k) dst[k] = to_float(src[k]);
-}
 
 template <class T>
 void max_and_sum(const T* x, int64_t n, float* top, float* sum) {
