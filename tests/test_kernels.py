@@ -164,6 +164,34 @@ def test_logsumexp_and_row_topk_equal_torchs(vocab):
         assert all(len(set(row)) == k for row in indices.tolist())  # no index twice, even among the -inf ones
 
 
+@pytest.mark.parametrize("vocab", [8000, 37, 16, 5])
+def test_row_candidates_is_logsumexp_then_masking_then_row_topk(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(7, vocab, generator=g) * 5
+    x[1] = float("-inf")
+    x[1, vocab // 2] = 0.25
+    x[3] = float("-inf")
+    x[4, 1] = 100.0  # the largest value of its row, then excluded
+    excluded = torch.tensor([0, 1, vocab - 1])
+    k = min(8, vocab)
+    want_normaliser = torch.logsumexp(x, dim=1)
+    masked = x.clone()
+    masked[:, excluded] = float("-inf")
+    want_values, _ = masked.topk(k, dim=1)
+    got = x.clone()
+    normaliser, values, indices = kernels.row_candidates(got, k, excluded)
+    torch.testing.assert_close(normaliser, want_normaliser, atol=1e-5, rtol=1e-6)
+    assert torch.equal(got, masked)  # the excluded ids are -inf in place, as the search's masks would leave them
+    assert torch.equal(values, want_values) and torch.equal(masked.gather(1, indices), values)
+    assert indices[4, 0].item() != 1 and values[4, 0].item() < 100.0  # the excluded largest value is not first
+    nothing = x.clone()
+    assert torch.equal(kernels.row_candidates(nothing, k, torch.tensor([], dtype=torch.long))[1], x.topk(k)[0])
+    with pytest.raises(RuntimeError, match=f"excluded id {vocab} is out of range for V={vocab}"):
+        kernels.row_candidates(x.clone(), k, torch.tensor([vocab]))
+    with pytest.raises(RuntimeError, match="excluded must be a 1-D int64 CPU tensor"):
+        kernels.row_candidates(x.clone(), k, torch.tensor([0.0]))
+
+
 def test_row_topk_puts_the_smaller_index_first_among_equal_values():
     x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0, 0.0] * 4])
     values, indices = kernels.row_topk(x, 4)

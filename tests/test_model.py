@@ -261,6 +261,7 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     if int8:
         model = quantize_int8(model, min_weights=0)  # every linear layer (the test model's are small)
     monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", onednn_layers)
+    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 0)  # the test model's products are small
     fast, fast_cache = _search_like_steps(model)
     assert fast_cache.step_weights is not None  # the step function ran and passed its weights on
     assert (fast_cache.table is not None) == (kernels.KERNELS and by_position)  # the cache stored by position
@@ -723,6 +724,7 @@ def test_inference_packs_only_the_output_layer_unless_all_layers_are_asked_for(m
     linears = {id(m.weight) for m in model.modules() if type(m) is nn.Linear}
     assert len(linears) == 1 + 4 * len(model.encoder_layers) + 7 * len(model.decoder_layers)
     monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", True)
+    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 0)
     with torch.inference_mode():
         model(src, tgt)
         assert linears <= set(packed_module._PACKED)
@@ -761,11 +763,40 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypat
     torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
+    """With oneDNN on for every layer, a product smaller than ONEDNN_MIN_MACS multiply-adds stays with F.linear
+    (oneDNN's fixed cost per call loses there), in the modules and in the decoding step function alike."""
+    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", True)
+    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 4 * 16 * 50)
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 50).eval()
+    with torch.inference_mode():
+        for rows, packs in [(3, False), (4, True)]:  # 3 x 16 x 50 multiply-adds: below; 4 x 16 x 50: at the bound
+            packed_module.forget_packed(lin)
+            x = torch.randn(rows, 16)
+            out = packed_module.project(lin, x)
+            assert (id(lin.weight) in packed_module._PACKED) == packs
+            torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias))
+            packed_module.forget_packed(lin)
+            residual = torch.randn(rows, 50)
+            out = step_module._linear(lin)(x, residual)
+            assert (id(lin.weight) in packed_module._PACKED) == packs
+            torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias) + residual)
+
+
+def test_onednn_layers_are_on_exactly_where_pytorch_uses_avx512():
+    wide = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    assert packed_module._wide_vectors() == wide
+    assert (packed_module.ONEDNN and wide) == packed_module.ONEDNN_LAYERS
+
+
 @pytest.mark.parametrize("layers", [True, False])
 def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch, layers):
     model = make(norm="pre")
     src, tgt = batch()
     monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", layers)
+    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 0)
     with torch.inference_mode():
         fast, _ = model.decode(tgt, model.encode(src))
         monkeypatch.setattr(packed_module, "ONEDNN", False)

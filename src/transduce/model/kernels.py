@@ -7,7 +7,9 @@ For decoding steps:
   spends most of its time on that shape in per-call and per-(row, head) set-up; the kernel does the arithmetic
   directly and made a beam search on the Multi30k model 1.21x faster (RESULTS_speed.md).
 - ``logsumexp`` and ``row_topk``: beam search's next-token candidates from the logits in two passes (the
-  normaliser of each row, then its largest logits), instead of a log-softmax written out, a sum and a top-k.
+  normaliser of each row, then its largest logits), instead of a log-softmax written out, a sum and a top-k;
+  ``row_candidates``: both a row at a time (the logits read from memory once), for the steps where the search
+  masks the same tokens in every row.
 
 For training steps (float32 and bfloat16):
 
@@ -135,6 +137,13 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     among equal values the smaller index first."""
     values, indices = _required().row_topk(x, k)
     return values, indices
+
+
+def row_candidates(x: Tensor, k: int, excluded: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``logsumexp(x)``, then ``x[:, excluded] = -inf`` (in place), then ``row_topk(x, k)``, a row at a time (each
+    row read from memory once): ``(normalisers (R,), values (R, k), indices (R, k))``. ``excluded``: 1-D int64 ids."""
+    normalisers, values, indices = _required().row_candidates(x, k, excluded)
+    return normalisers, values, indices
 
 
 def _required() -> ModuleType:

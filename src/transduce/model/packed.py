@@ -8,11 +8,21 @@ feed-forward's ReLU is fused into its first product).
 
 Why: the pre-softmax projection is the largest product of a decoding step ((rows x d_model) times (d_model x
 vocabulary), with a few dozen to a few hundred rows), where MKL's BLAS, behind ``F.linear``, is far from its peak.
-On this project's 2-core AMD machine it reached 72 GFLOP/s on the (128 x 256) x (256 x 8,000) output product and 36
-at 32 rows, oneDNN with the packed weight 117 and 120 (two threads). The other layers' products are smaller still,
-and there oneDNN's fixed cost per call (about 30 us on one thread here) loses: 0.26-0.85x the speed of ``F.linear``
-for the `tiny` model's shapes at 4-128 rows (``benchmarks/linear_backends.py``), 0.92x on a whole beam search
-(``benchmarks/beam_variants.py``), so :data:`ONEDNN_LAYERS` is off by default.
+On this project's 2-core AMD machines it reached 72 GFLOP/s on the (128 x 256) x (256 x 8,000) output product and 36
+at 32 rows, oneDNN with the packed weight 117 and 120 (two threads, an AVX2 machine).
+
+The other layers' products are smaller, and there the choice depends on the CPU. oneDNN's fixed cost per call is
+about 10-30 us; on a CPU with AVX-512, oneDNN's kernels use the 512-bit vectors and MKL's (on AMD) do not, so
+oneDNN runs twice as fast once a product is large enough to pay for its fixed cost. Measured with
+``benchmarks/linear_backends.py`` on one thread:
+
+- AVX2 (an earlier AMD EPYC): oneDNN was 0.26-0.85x the speed of ``F.linear`` for the `tiny` model's shapes at
+  4-128 rows, 0.92x on a whole beam search (``benchmarks/beam_variants.py``);
+- AVX-512 (an AMD EPYC with AVX512-BF16): 1.65-2.04x at 128 rows (about 100 against 200 GFLOP/s), 1.0-1.5x at
+  32, 0.5-0.8x at 4-8 rows, break-even near 400,000 multiply-adds a call; 1.2x on a Multi30k beam search.
+
+So :data:`ONEDNN_LAYERS` is on where PyTorch finds AVX-512, and even then a product of fewer than
+:data:`ONEDNN_MIN_MACS` multiply-adds (rows x inputs x outputs) stays with ``F.linear``.
 
 A packed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the weight's version
 counter moves, which every in-place PyTorch operation does, but not fused optimizers
@@ -39,9 +49,16 @@ def _has_onednn_linear() -> bool:
         return False
 
 
+def _wide_vectors() -> bool:
+    """Whether PyTorch's CPU kernels (oneDNN's among them) use AVX-512 on this CPU."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 ONEDNN = _has_onednn_linear()  # set False to use F.linear (MKL's BLAS) everywhere
-ONEDNN_LAYERS = False  # set True to pack the attention and feed-forward layers too: slower on this project's AMD
-# machine for the `tiny` model (its products are too small: benchmarks/linear_backends.py, beam_variants.py)
+# pack the attention and feed-forward layers too: on where oneDNN uses AVX-512 (faster than MKL there, slower on an
+# AVX2 machine: see above; benchmarks/linear_backends.py, beam_variants.py)
+ONEDNN_LAYERS = ONEDNN and _wide_vectors()
+ONEDNN_MIN_MACS = 1 << 19  # ... for products of at least this many multiply-adds; smaller ones stay with F.linear
 
 # id(weight) -> (weak reference to the weight, (data pointer, version), the weight in oneDNN's layout): built on first
 # use, rebuilt when the weight changes (training updates it in place, which bumps its version), dropped with the weight
@@ -67,14 +84,19 @@ def forget_packed(module: nn.Module) -> None:
         _PACKED.pop(id(p), None)
 
 
+def onednn_size(x: Tensor, outputs: int) -> bool:
+    """Whether ``x @ W^T`` for a weight of ``outputs`` rows is large enough for oneDNN (:data:`ONEDNN_MIN_MACS`)."""
+    return x.numel() * outputs >= ONEDNN_MIN_MACS
+
+
 def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, output: bool = False) -> Tensor:
     """``linear(x)``, followed by ``activation`` (a name in :data:`FUSED`) when one is given, through oneDNN with
     the packed weight when that applies: float32 inference on a CPU with an ``nn.Linear`` (not a quantised one) in
-    eval mode, outside autograd; and :data:`ONEDNN_LAYERS` set, unless ``output`` (the pre-softmax projection, which
-    :data:`ONEDNN` alone governs)."""
+    eval mode, outside autograd; and, unless ``output`` (the pre-softmax projection, which :data:`ONEDNN` alone
+    governs), :data:`ONEDNN_LAYERS` set and a product of at least :data:`ONEDNN_MIN_MACS` multiply-adds."""
     applies = (
-        ONEDNN and (output or ONEDNN_LAYERS) and type(linear) is nn.Linear and not linear.training
-        and x.device.type == "cpu" and x.dtype == torch.float32
+        ONEDNN and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
+        and x.dtype == torch.float32 and (output or (ONEDNN_LAYERS and onednn_size(x, linear.out_features)))
     )  # fmt: skip
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
         y = linear(x)  # (the oneDNN op has no backward)

@@ -43,19 +43,23 @@ Norm = Callable[[Tensor], Tensor]
 
 
 def _linear(lin: nn.Module) -> Linear:
-    """``lin`` as a function of ``(x, residual=None)``: one ``addmm`` for a plain ``nn.Linear``; other layers (the
-    dynamically quantised ones; every layer when :data:`~transduce.model.packed.ONEDNN_LAYERS` is set) are called
+    """``lin`` as a function of ``(x, residual=None)``: one ``addmm`` for a plain ``nn.Linear``, or oneDNN's product
+    with the packed weight where :data:`~transduce.model.packed.ONEDNN_LAYERS` is set and the product is large
+    enough (:func:`~transduce.model.packed.onednn_size`); other layers (the dynamically quantised ones) are called
     through :func:`~transduce.model.packed.project` as in the modules."""
-    if type(lin) is not nn.Linear or packed.ONEDNN_LAYERS:
+    if type(lin) is not nn.Linear:
 
         def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
             y = packed.project(lin, x)
             return y if residual is None else residual + y
 
         return call
-    w, b = lin.weight.t(), lin.bias
+    w, b, outputs = lin.weight.t(), lin.bias, lin.out_features
 
     def addmm(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if packed.ONEDNN_LAYERS and packed.onednn_size(x, outputs):
+            y = packed.project(lin, x)
+            return y if residual is None else y.add_(residual)
         if residual is None:
             return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
         y = torch.addmm(residual, x, w)

@@ -25,10 +25,12 @@ from transduce.search.common import (
     NEG_INF,
     Hypothesis,
     SearchModel,
+    always_masked,
     check_length_penalty,
     constrain,
     final_score,
     gc_paused,
+    masks_rows_alike,
     max_lengths,
     next_token_log_probs,
 )
@@ -93,6 +95,7 @@ def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 FROM_LOGITS = True  # set False to take the candidates from a full log-softmax even where the kernels apply
+ROW_CANDIDATES = True  # set False to take them in two kernel calls (logsumexp, then row_topk) at every step
 
 
 def top_candidates_from_logits(
@@ -113,10 +116,17 @@ def top_candidates_from_logits(
     Returns:
         ``(scores, tokens, beams)`` as :func:`beam_step` returns them.
     """
+    values, tokens = kernels.row_topk(logits, min(size, logits.shape[1]))  # (N * beam, k), largest first
+    return candidates_from_row_tops(values, tokens, normaliser, scores, size)
+
+
+def candidates_from_row_tops(
+    values: Tensor, tokens: Tensor, normaliser: Tensor, scores: Tensor, size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The rest of :func:`top_candidates_from_logits` once the ``k = min(size, V)`` largest logits of each row
+    (``values``, ``tokens``: (N * beam, k), largest first) are known: the best ``size`` of each sentence's beam x k."""
     n, beam = scores.shape
-    vocab = logits.shape[1]
-    k = min(size, vocab)
-    values, tokens = kernels.row_topk(logits, k)  # (N * beam, k), largest first
+    k = values.shape[1]
     total = values.sub_(normaliser[:, None]).view(n, beam, k).add_(scores[:, :, None]).view(n, beam * k)
     top_scores, flat = total.topk(min(size, beam * k), dim=1)
     cand_tokens, beams = tokens.view(n, beam * k).gather(1, flat), flat.div(k, rounding_mode="floor")
@@ -241,9 +251,16 @@ def beam_search(
         last = logits[:, -1]  # (rows, V)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
         if FROM_LOGITS and kernels.applies(last) and last.is_contiguous():
-            normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
-            constrain(last, step, **limits)
-            cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
+            if ROW_CANDIDATES and masks_rows_alike(step, **limits):  # the usual step: one kernel, a row at a time
+                masked = torch.tensor(always_masked(cfg, step, min_len), device=device)
+                normaliser, values, tokens = kernels.row_candidates(last, min(2 * beam, last.shape[1]), masked)
+                cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
+                    values, tokens, normaliser, scores, 2 * beam
+                )  # fmt: skip
+            else:
+                normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
+                constrain(last, step, **limits)
+                cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
         else:
             log_probs = constrain(next_token_log_probs(logits), step, **limits)  # (rows, V)
             total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place

@@ -167,10 +167,7 @@ def constrain(
     """
     eos = config.eos_id
     eos_lp = log_probs[:, eos].clone()
-    log_probs[:, config.pad_id] = NEG_INF
-    log_probs[:, config.bos_id] = NEG_INF
-    if step < min_len:
-        log_probs[:, eos] = NEG_INF
+    log_probs[:, always_masked(config, step, min_len)] = NEG_INF
     if no_repeat_ngram > 0 and step >= no_repeat_ngram:
         block_repeated_ngrams(log_probs, history, no_repeat_ngram, fill_id=config.pad_id)
     force = max_len <= step  # (R,)
@@ -178,6 +175,17 @@ def constrain(
         log_probs.masked_fill_(force[:, None], NEG_INF)
         log_probs[:, eos] = torch.where(force, eos_lp, log_probs[:, eos])
     return log_probs
+
+
+def always_masked(config: Any, step: int, min_len: int) -> list[int]:
+    """The tokens :func:`constrain` masks in every row at ``step``: PAD, BOS, and EOS before ``min_len``."""
+    return [config.pad_id, config.bos_id, *([config.eos_id] if step < min_len else [])]
+
+
+def masks_rows_alike(step: int, *, max_len: Tensor, no_repeat_ngram: int, **_: Any) -> bool:
+    """Whether :func:`constrain` masks only :func:`always_masked` at ``step`` (the same tokens in every row): no row
+    at its length limit and no n-gram blocking yet. Takes :func:`constrain`'s keyword arguments."""
+    return not (no_repeat_ngram > 0 and step >= no_repeat_ngram) and not bool(max_len.le(step).any())
 
 
 def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int, *, fill_id: int) -> None:

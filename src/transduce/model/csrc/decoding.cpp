@@ -182,36 +182,83 @@ torch::Tensor attend_by_table(const torch::Tensor& q, const torch::Tensor& k, co
 // the log-probability is logit - logsumexp(logits), a constant shift, so the best candidates of a row are its
 // largest logits. transduce.search.beam takes the logsumexp of each row (before the search masks tokens), then
 // the top logits of each row (after), instead of a full log-softmax, a sum and a top-k over beam x vocabulary
-// values: two passes over the logits where that took five (RESULTS_speed.md).
+// values: two passes over the logits where that took five (RESULTS_speed.md); row_candidates does both a row at a
+// time, when the search's masks are the same for every row (the usual step).
 
-// x: (R, V); returns (R,): log(sum(exp(x))) of each row, as max + log(sum(exp(x - max))).
+namespace {
+
+// log(sum(exp(x))) of one row of n values, as max + log(sum(exp(x - max))); all -inf, a +inf or a NaN: the max,
+// as torch.logsumexp gives.
+float logsumexp_row(const float* x, int64_t n) {
+  const float top = max_of(x, n);
+  if (top == kNegInf || top == -kNegInf || top != top) return top;
+  return top + std::log(sum_exp(x, top, n, nullptr));
+}
+
+// The k largest of the V values x[0 .. V), largest first, into best[0 .. k) and their indices into where[0 .. k);
+// among equal values the one with the smaller index first (-inf values included, NaN not expected). One pass: a
+// block of values is compared with the k-th best so far, and a value inserted only when larger.
+void topk_row(const float* __restrict x, int64_t V, int64_t k, float* __restrict best, int64_t* __restrict where) {
+  int64_t n = 0;  // filled slots
+  auto insert = [&](float value, int64_t j) {
+    int64_t pos = n < k ? n++ : k - 1;
+    while (pos > 0 && best[pos - 1] < value) {  // strict: an equal value already there stays ahead
+      best[pos] = best[pos - 1];
+      where[pos] = where[pos - 1];
+      --pos;
+    }
+    best[pos] = value;
+    where[pos] = j;
+  };
+  int64_t j = 0;
+  for (; j < k; ++j) insert(x[j], j);
+  constexpr int64_t kBlock = 16;
+  for (; j < V && j % kBlock != 0; ++j)
+    if (x[j] > best[k - 1]) insert(x[j], j);
+  for (; j + kBlock <= V; j += kBlock) {
+    const float threshold = best[k - 1];
+#if defined(TRANSDUCE_AVX512)
+    const bool any = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), _mm512_set1_ps(threshold), _CMP_GT_OQ) != 0;
+#elif defined(TRANSDUCE_AVX2)
+    const __m256 t8 = _mm256_set1_ps(threshold);
+    const int any = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), t8, _CMP_GT_OQ)) |
+                    _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j + 8), t8, _CMP_GT_OQ));
+#else
+    int any = 0;
+    for (int64_t i = 0; i < kBlock; ++i) any |= x[j + i] > threshold;
+#endif
+    if (!any) continue;  // the usual case once the first few hundred values are in
+    for (int64_t i = 0; i < kBlock; ++i)
+      if (x[j + i] > best[k - 1]) insert(x[j + i], j + i);
+  }
+  for (; j < V; ++j)
+    if (x[j] > best[k - 1]) insert(x[j], j);
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1, name,
+              ": x must be a (R, V) float32 CPU tensor with dense rows");
+}
+
+}  // namespace
+
+// x: (R, V); returns (R,): log(sum(exp(x))) of each row.
 torch::Tensor logsumexp(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
-              "logsumexp: x must be a (R, V) float32 CPU tensor with dense rows");
+  check_rows(x, "logsumexp");
   const int64_t R = x.size(0), V = x.size(1), row = x.stride(0);
   auto out = torch::empty({R}, x.options());
   const float* xd = x.data_ptr<float>();
   float* od = out.data_ptr<float>();
   at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = xd + r * row;
-      const float top = max_of(xr, V);
-      if (top == kNegInf || top == -kNegInf || top != top) {  // all -inf, a +inf, a NaN: as torch.logsumexp
-        od[r] = top;
-        continue;
-      }
-      od[r] = top + std::log(sum_exp(xr, top, V, nullptr));
-    }
+    for (int64_t r = begin; r < end; ++r) od[r] = logsumexp_row(xd + r * row, V);
   });
   return out;
 }
 
 // x: (R, V) with V >= k >= 1; returns (values (R, k) float32, indices (R, k) int64): the k largest values of each
-// row, largest first; among equal values the one with the smaller index first (-inf values included, NaN not
-// expected). One pass: a value is compared with the k-th best so far and inserted only when larger.
+// row, largest first; among equal values the one with the smaller index first.
 std::vector<torch::Tensor> row_topk(const torch::Tensor& x, int64_t k) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.stride(1) == 1,
-              "row_topk: x must be a (R, V) float32 CPU tensor with dense rows");
+  check_rows(x, "row_topk");
   const int64_t R = x.size(0), V = x.size(1), row = x.stride(0);
   TORCH_CHECK(k >= 1 && k <= V, "row_topk: need 1 <= k <= V, got k=", k, ", V=", V);
   auto values = torch::empty({R, k}, x.options());
@@ -220,45 +267,43 @@ std::vector<torch::Tensor> row_topk(const torch::Tensor& x, int64_t k) {
   float* vd = values.data_ptr<float>();
   int64_t* id = indices.data_ptr<int64_t>();
   at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = xd + r * row;
-      float* best = vd + r * k;
-      int64_t* where = id + r * k;
-      int64_t n = 0;  // filled slots
-      auto insert = [&](float value, int64_t j) {
-        int64_t pos = n < k ? n++ : k - 1;
-        while (pos > 0 && best[pos - 1] < value) {  // strict: an equal value already there stays ahead
-          best[pos] = best[pos - 1];
-          where[pos] = where[pos - 1];
-          --pos;
-        }
-        best[pos] = value;
-        where[pos] = j;
-      };
-      int64_t j = 0;
-      for (; j < k; ++j) insert(xr[j], j);
-      constexpr int64_t kBlock = 16;
-      for (; j < V && j % kBlock != 0; ++j)
-        if (xr[j] > best[k - 1]) insert(xr[j], j);
-      for (; j + kBlock <= V; j += kBlock) {
-        const float threshold = best[k - 1];
-#ifdef TRANSDUCE_AVX2
-        const __m256 t8 = _mm256_set1_ps(threshold);
-        const int any = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(xr + j), t8, _CMP_GT_OQ)) |
-                        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(xr + j + 8), t8, _CMP_GT_OQ));
-#else
-        int any = 0;
-        for (int64_t i = 0; i < kBlock; ++i) any |= xr[j + i] > threshold;
-#endif
-        if (!any) continue;  // the usual case once the first few hundred values are in
-        for (int64_t i = 0; i < kBlock; ++i)
-          if (xr[j + i] > best[k - 1]) insert(xr[j + i], j + i);
-      }
-      for (; j < V; ++j)
-        if (xr[j] > best[k - 1]) insert(xr[j], j);
-    }
+    for (int64_t r = begin; r < end; ++r) topk_row(xd + r * row, V, k, vd + r * k, id + r * k);
   });
   return {values, indices};
+}
+
+// logsumexp and row_topk in one go, a row at a time: x (R, V) logits, k (1 <= k <= V), excluded (E,) int64 token
+// ids. For each row: its logsumexp (of every value), then -inf written (in place) at the excluded ids, then its k
+// largest values and their indices. Returns (normalisers (R,), values (R, k), indices (R, k)). The row is read
+// from memory once: the three passes over it find it in the cache (32 KB for a vocabulary of 8,000), where
+// logsumexp and row_topk called one after the other read the whole (R, V) array twice.
+std::vector<torch::Tensor> row_candidates(torch::Tensor x, int64_t k, const torch::Tensor& excluded) {
+  check_rows(x, "row_candidates");
+  const int64_t R = x.size(0), V = x.size(1), row = x.stride(0);
+  TORCH_CHECK(k >= 1 && k <= V, "row_candidates: need 1 <= k <= V, got k=", k, ", V=", V);
+  TORCH_CHECK(excluded.dim() == 1 && excluded.scalar_type() == at::kLong && excluded.device().is_cpu(),
+              "row_candidates: excluded must be a 1-D int64 CPU tensor");
+  auto ids = excluded.contiguous();
+  const int64_t E = ids.size(0);
+  const int64_t* ed = ids.data_ptr<int64_t>();
+  for (int64_t e = 0; e < E; ++e)
+    TORCH_CHECK(ed[e] >= 0 && ed[e] < V, "row_candidates: excluded id ", ed[e], " is out of range for V=", V);
+  auto normalisers = torch::empty({R}, x.options());
+  auto values = torch::empty({R, k}, x.options());
+  auto indices = torch::empty({R, k}, x.options().dtype(at::kLong));
+  float* xd = x.data_ptr<float>();
+  float* nd = normalisers.data_ptr<float>();
+  float* vd = values.data_ptr<float>();
+  int64_t* id = indices.data_ptr<int64_t>();
+  at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* xr = xd + r * row;
+      nd[r] = logsumexp_row(xr, V);
+      for (int64_t e = 0; e < E; ++e) xr[ed[e]] = kNegInf;
+      topk_row(xr, V, k, vd + r * k, id + r * k);
+    }
+  });
+  return {normalisers, values, indices};
 }
 
 void register_training(pybind11::module_& m);  // training.cpp
@@ -275,4 +320,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"), release());
   m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
         pybind11::arg("k"), release());
+  m.def("row_candidates", &row_candidates, "logsumexp of each row, then its top k with some ids excluded",
+        pybind11::arg("x"), pybind11::arg("k"), pybind11::arg("excluded"), release());
 }

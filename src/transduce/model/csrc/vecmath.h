@@ -3,6 +3,7 @@
 // copy (internal linkage).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,9 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define TRANSDUCE_AVX512 1
 #endif
 
 namespace {
@@ -76,10 +80,45 @@ inline float horizontal_max(__m256 v) {
 }
 #endif
 
+#ifdef TRANSDUCE_AVX512
+// exp_nonpositive on 16 floats at once (the same steps and constants). Where the CPU has AVX-512 at full width
+// (AMD Zen 5 here), a 16-wide step costs what an 8-wide one does: logsumexp over the rows of a beam step's logits
+// took about half the time.
+inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 low = _mm512_set1_ps(-87.0f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
+  const __m512 xc = _mm512_max_ps(x, low);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i scale = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+  y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), y);
+}
+#endif
+
 // sum over j < n of exp(x[j] - shift), writing each term to out[j] when out is not null (x[j] <= shift).
 inline float sum_exp(const float* x, float shift, int64_t n, float* out) {
   int64_t j = 0;
   float sum = 0.0f;
+#ifdef TRANSDUCE_AVX512
+  __m512 acc16 = _mm512_setzero_ps();
+  const __m512 s16 = _mm512_set1_ps(shift);
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + j), s16));
+    if (out != nullptr) _mm512_storeu_ps(out + j, e);
+    acc16 = _mm512_add_ps(acc16, e);
+  }
+  sum = _mm512_reduce_add_ps(acc16);
+#endif
 #ifdef TRANSDUCE_AVX2
   __m256 acc = _mm256_setzero_ps();
   const __m256 s = _mm256_set1_ps(shift);
@@ -88,7 +127,7 @@ inline float sum_exp(const float* x, float shift, int64_t n, float* out) {
     if (out != nullptr) _mm256_storeu_ps(out + j, e);
     acc = _mm256_add_ps(acc, e);
   }
-  sum = horizontal_sum(acc);
+  sum += horizontal_sum(acc);
 #endif
   for (; j < n; ++j) {
     const float e = exp_nonpositive(x[j] - shift);
@@ -103,6 +142,17 @@ inline float max_of(const float* x, int64_t n) {
   int64_t j = 0;
   float top = kNegInf;
   bool nan = false;
+#ifdef TRANSDUCE_AVX512
+  __m512 acc16 = _mm512_set1_ps(kNegInf);
+  __mmask16 unordered16 = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    acc16 = _mm512_max_ps(acc16, v);
+    unordered16 |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  top = _mm512_reduce_max_ps(acc16);
+  nan = unordered16 != 0;
+#endif
 #ifdef TRANSDUCE_AVX2
   __m256 acc = _mm256_set1_ps(kNegInf);
   __m256 unordered = _mm256_setzero_ps();
@@ -111,8 +161,8 @@ inline float max_of(const float* x, int64_t n) {
     acc = _mm256_max_ps(acc, v);
     unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
-  top = horizontal_max(acc);
-  nan = _mm256_movemask_ps(unordered) != 0;
+  top = std::max(top, horizontal_max(acc));
+  nan |= _mm256_movemask_ps(unordered) != 0;
 #endif
   for (; j < n; ++j) {
     nan |= x[j] != x[j];
