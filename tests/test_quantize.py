@@ -34,12 +34,12 @@ def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path, ev
     assert type(model.output) is nn.Linear  # the float model is untouched
 
 
-def test_quantize_int8_leaves_layers_below_min_weights_in_float32():
+def test_quantize_int8_leaves_layers_below_min_weights_in_float32(monkeypatch):
     cfg = ModelConfig.preset("tiny", src_vocab_size=1000, tgt_vocab_size=1000)  # d_model 128: 128 x 1,000 output
     model = Transformer(cfg)
+    monkeypatch.setattr(quantize_module, "MIN_WEIGHTS", 1 << 16)  # the default where the CPU has no VNNI
     quantised = {name for name, m in quantize_int8(model).named_modules() if isinstance(m, DynamicLinear)}
     assert quantised == {"output"}  # the only linear layer with at least 2^16 weights
-    assert quantize_module.MIN_WEIGHTS == 1 << 16
     wide = {name for name, m in quantize_int8(model, min_weights=3 * 128 * 128).named_modules()
             if isinstance(m, DynamicLinear)}  # fmt: skip
     assert "output" in wide and "decoder_layers.0.self_attn.qkv" in wide  # 384 x 128: exactly the threshold
@@ -48,6 +48,15 @@ def test_quantize_int8_leaves_layers_below_min_weights_in_float32():
     )  # 256 x 128, 128 x 128
     assert len(wide) == 1 + cfg.encoder_layers + cfg.decoder_layers  # the output and every self-attention QKV
     assert {type(m) for m in quantize_int8(model, min_weights=10**9).modules()} == {type(m) for m in model.modules()}
+
+
+def test_every_linear_layer_is_quantised_by_default_exactly_where_the_cpu_has_vnni():
+    vnni = bool(torch.cpu._is_vnni_supported())
+    assert (0 if vnni else 1 << 16) == quantize_module.MIN_WEIGHTS
+    model = Transformer(ModelConfig.preset("tiny", src_vocab_size=1000, tgt_vocab_size=1000))
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    quantised = sum(isinstance(m, DynamicLinear) for m in quantize_int8(model).modules())
+    assert quantised == (linears if vnni else 1)
 
 
 def test_int8_logits_and_translations_stay_close(copy_checkpoint: Path, every_layer_int8):

@@ -42,15 +42,19 @@ Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
 Norm = Callable[[Tensor], Tensor]
 
 
-def _linear(lin: nn.Module) -> Linear:
-    """``lin`` as a function of ``(x, residual=None)``: one ``addmm`` for a plain ``nn.Linear``, or oneDNN's product
-    with the packed weight where :data:`~transduce.model.packed.ONEDNN_LAYERS` is set and the product is large
-    enough (:func:`~transduce.model.packed.onednn_size`); other layers (the dynamically quantised ones) are called
-    through :func:`~transduce.model.packed.project` as in the modules."""
+def _linear(lin: nn.Module, relu: bool = False) -> Linear:
+    """``lin`` (followed by a ReLU when ``relu``) as a function of ``(x, residual=None)``: for a plain ``nn.Linear``
+    one ``addmm``, or oneDNN's product with the packed weight where :data:`~transduce.model.packed.ONEDNN_LAYERS` is
+    set and the product is large enough (:func:`~transduce.model.packed.onednn_size`); for a dynamically quantised
+    layer its int8 operation called directly (ReLU fused), as the module calls it; any other layer through
+    :func:`~transduce.model.packed.project`, as in the modules."""
+    quantised = _int8_linear(lin, relu)
+    if quantised is not None:
+        return quantised
     if type(lin) is not nn.Linear:
 
         def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
-            y = packed.project(lin, x)
+            y = packed.project(lin, x, "relu" if relu else None)
             return y if residual is None else residual + y
 
         return call
@@ -58,14 +62,35 @@ def _linear(lin: nn.Module) -> Linear:
 
     def addmm(x: Tensor, residual: Tensor | None = None) -> Tensor:
         if packed.ONEDNN_LAYERS and packed.onednn_size(x, outputs):
-            y = packed.project(lin, x)
+            y = packed.project(lin, x, "relu" if relu else None)
             return y if residual is None else y.add_(residual)
         if residual is None:
-            return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+            y = torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+            return y.relu_() if relu else y
         y = torch.addmm(residual, x, w)
-        return y if b is None else y.add_(b)
+        y = y if b is None else y.add_(b)
+        return y.relu_() if relu else y
 
     return addmm
+
+
+def _int8_linear(lin: nn.Module, relu: bool) -> Linear | None:
+    """A dynamically quantised int8 linear layer (``torch.ao.nn.quantized.dynamic.Linear``, what
+    :func:`~transduce.model.quantize.quantize_int8` makes) as the operation its ``forward`` calls, with the same
+    arguments (float32 in and out), and the ReLU fused into it when ``relu``; None for any other layer."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    if type(lin) is not DynamicLinear or lin._packed_params.dtype != torch.qint8:
+        return None
+    params = lin._packed_params._packed_params
+    reduce_range = not (lin.version is None or lin.version < 4)  # as DynamicLinear.forward
+    op = torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
+
+    def int8(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        y = op(x, params, reduce_range=reduce_range)
+        return y if residual is None else y.add_(residual)
+
+    return int8
 
 
 def _norm(norm: nn.Module) -> Norm:
@@ -87,8 +112,8 @@ class LayerWeights:
     cross_q: Linear
     cross_out: Linear
     norm3: Norm
-    w1: Linear
-    activation: Callable[[Tensor], Tensor]  # in place when it can be
+    w1: Linear  # with the activation fused when it is a ReLU
+    activation: Callable[[Tensor], Tensor] | None  # None: fused into w1
     w2: Linear
 
 
@@ -112,11 +137,12 @@ class StepWeights:
         cfg = model.config
         layers = []
         for layer in model.decoder_layers:
-            act = layer.ffn.act
+            relu = layer.ffn.act is F.relu
             layers.append(LayerWeights(
                 _norm(layer.norm1), _linear(layer.self_attn.qkv), _linear(layer.self_attn.out),
                 _norm(layer.norm2), _linear(layer.cross_attn.q), _linear(layer.cross_attn.out),
-                _norm(layer.norm3), _linear(layer.ffn.w1), torch.relu_ if act is F.relu else act, _linear(layer.ffn.w2),
+                _norm(layer.norm3), _linear(layer.ffn.w1, relu), None if relu else layer.ffn.act,
+                _linear(layer.ffn.w2),
             ))  # fmt: skip
         return cls(
             model, tuple(layers), _norm(model.decoder_norm), cfg.norm == "pre", model.tgt_embed.weight,
@@ -181,7 +207,8 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         if not pre:
             x = w.norm2(x)
         # feed-forward
-        x = w.w2(w.activation(w.w1(w.norm3(x) if pre else x)), x)
+        h = w.w1(w.norm3(x) if pre else x)
+        x = w.w2(h if w.activation is None else w.activation(h), x)
         if not pre:
             x = w.norm3(x)
     logits = packed.project(weights.output, weights.final_norm(x)[:, None], output=True)
