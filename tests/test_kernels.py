@@ -192,6 +192,25 @@ def test_row_candidates_is_logsumexp_then_masking_then_row_topk(vocab):
         kernels.row_candidates(x.clone(), k, torch.tensor([0.0]))
 
 
+@pytest.mark.parametrize("dim", [128, 37])
+def test_layer_norm_equals_torchs(dim):
+    g = torch.Generator().manual_seed(dim)
+    x = torch.randn(9, 2 * dim, generator=g)[:, :dim] * 3 + 1  # rows with a stride of their own
+    weight, bias = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+    module = kernels.compiled()
+    for w, b in [(weight, bias), (weight, None), (None, None)]:
+        want = torch.layer_norm(x, (dim,), w, b, 1e-5)
+        torch.testing.assert_close(module.layer_norm(x, w, b, 1e-5), want, atol=2e-6, rtol=1e-5)
+
+
+def test_layer_norm_names_what_is_wrong():
+    module = kernels.compiled()
+    with pytest.raises(RuntimeError, match=r"layer_norm: weight and bias must be contiguous float32 \(37,\)"):
+        module.layer_norm(torch.zeros(2, 37), torch.ones(38), None, 1e-5)
+    with pytest.raises(RuntimeError, match="layer_norm: x must be 2-D"):
+        module.layer_norm(torch.zeros(2, 3, 37), None, None, 1e-5)
+
+
 def test_row_topk_puts_the_smaller_index_first_among_equal_values():
     x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0, 0.0] * 4])
     values, indices = kernels.row_topk(x, 4)

@@ -10,6 +10,8 @@ For decoding steps:
   normaliser of each row, then its largest logits), instead of a log-softmax written out, a sum and a top-k;
   ``row_candidates``: both a row at a time (the logits read from memory once), for the steps where the search
   masks the same tokens in every row.
+- ``layer_norm``: the step's layer norms (float32 rows), where ATen's call costs about 9 us on (128, 128), most of
+  it fixed cost (the kernel: about 5 us).
 
 For training steps (float32 and bfloat16):
 

@@ -32,6 +32,7 @@ from transduce.model import kernels, packed
 from transduce.model.cache import DecoderCache
 
 FAST_STEP = True  # set False to run every decoding step through the decoder's modules
+KERNEL_NORM = True  # set False for torch.layer_norm instead of transduce's kernel in the step's norms
 BY_POSITION = True  # set False to gather the self-attention cache at every step even where the kernels run
 # ... for batches whose padded source is at least this long: below it, where outputs are short, storing by position
 # and gathering cost the same (Multi30k: 0.98-0.99x), above it storing by position wins (beam 4, the `small` model:
@@ -94,11 +95,20 @@ def _int8_linear(lin: nn.Module, relu: bool) -> Linear | None:
 
 
 def _norm(norm: nn.Module) -> Norm:
-    """A LayerNorm as a function (the identity for ``nn.Identity``, the post-norm decoder's missing final norm)."""
+    """A LayerNorm as a function (the identity for ``nn.Identity``, the post-norm decoder's missing final norm):
+    transduce's kernel where it applies (float32 on the CPU, :data:`KERNEL_NORM`), else ``torch.layer_norm``."""
     if isinstance(norm, nn.Identity):
         return lambda x: x
     shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
-    return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
+    kernel = kernels.compiled() if KERNEL_NORM and kernels.applies(norm.weight) else None
+    if kernel is None or len(shape) != 1:
+        return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
+    # (under CPU autocast the activations are bf16, which the kernel does not take)
+    return lambda x: (
+        kernel.layer_norm(x, weight, bias, eps)
+        if x.dtype == torch.float32
+        else torch.layer_norm(x, shape, weight, bias, eps)
+    )
 
 
 @dataclass(frozen=True)
