@@ -192,6 +192,41 @@ def test_row_candidates_is_logsumexp_then_masking_then_row_topk(vocab):
         kernels.row_candidates(x.clone(), k, torch.tensor([0.0]))
 
 
+@pytest.mark.parametrize("past_len, use_order", [(0, False), (5, True), (5, False), (1, True)])
+@pytest.mark.parametrize("d", [32, 10])
+def test_attend_gathered_copies_the_cache_in_order_and_attends_over_it(past_len, use_order, d):
+    """The cache of the next step (past's rows in the new order, then the new keys and values) and the attention
+    over it, as torch.index_select, a copy and scaled_dot_product_attention give them."""
+    g = torch.Generator().manual_seed(past_len * 7 + d)
+    rows, heads, batch = 5, 3, 4
+    past = torch.randn(2, rows, heads, past_len, d, generator=g)
+    order = torch.tensor([4, 0, 0, 2]) if use_order else None
+    if not use_order:
+        past = past[:, :batch].contiguous()
+    qkv = torch.randn(batch, 3, heads, d, generator=g)  # as the step's QKV product: new_kv is a strided view
+    new_kv = qkv.narrow(1, 1, 2).transpose(0, 1)
+    q = qkv[:, 0, :, None]
+    out = torch.empty(2, batch, heads, past_len + 1, d)
+    got = kernels.compiled().attend_gathered(q, past if past_len else None, order, new_kv, out, d**-0.5)
+    want_cache = torch.cat([past if order is None else past.index_select(1, order), new_kv[:, :, :, None]], dim=3)
+    assert torch.equal(out, want_cache)
+    torch.testing.assert_close(got, reference(q, want_cache[0], want_cache[1]), atol=1e-5, rtol=1e-5)
+
+
+def test_attend_gathered_names_what_is_wrong():
+    module = kernels.compiled()
+    q, new_kv = torch.zeros(2, 1, 1, 4), torch.zeros(2, 2, 1, 4)
+    past, out = torch.zeros(2, 3, 1, 2, 4), torch.zeros(2, 2, 1, 3, 4)
+    with pytest.raises(RuntimeError, match="attend_gathered: order entry 3 outside the 3 rows"):
+        module.attend_gathered(q, past, torch.tensor([0, 3]), new_kv, out, 0.5)
+    with pytest.raises(RuntimeError, match="without an order past needs 2 rows, got 3"):
+        module.attend_gathered(q, past, None, new_kv, out, 0.5)
+    with pytest.raises(RuntimeError, match="past is needed exactly when out holds earlier positions"):
+        module.attend_gathered(q, None, None, new_kv, out, 0.5)
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous \(2, 2, 1, T \+ 1, 4\) tensor"):
+        module.attend_gathered(q, past, torch.tensor([0, 1]), new_kv, torch.zeros(2, 2, 1, 5, 4)[:, :, :, :3], 0.5)
+
+
 @pytest.mark.parametrize("dim", [128, 37])
 def test_layer_norm_equals_torchs(dim):
     g = torch.Generator().manual_seed(dim)

@@ -33,6 +33,7 @@ from transduce.model.cache import DecoderCache
 
 FAST_STEP = True  # set False to run every decoding step through the decoder's modules
 KERNEL_NORM = True  # set False for torch.layer_norm instead of transduce's kernel in the step's norms
+GATHER_IN_KERNEL = True  # set False to gather the cache's rows with torch.index_select before the attention kernel
 BY_POSITION = True  # set False to gather the self-attention cache at every step even where the kernels run
 # ... for batches whose padded source is at least this long: below it, where outputs are short, storing by position
 # and gathering cost the same (Multi30k: 0.98-0.99x), above it storing by position wins (beam 4, the `small` model:
@@ -176,10 +177,18 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     by_table = kernel is not None and (
         cache.table is not None or (t == 0 and BY_POSITION and cache.cross_kv[0][0].shape[2] >= BY_POSITION_MIN_SOURCE)
     )
+    # without the table and with the kernels, each layer's attention copies the cache's rows into the new cache
+    # itself (attend_gathered), where they are read anyway
+    gathered = kernel is not None and not by_table and GATHER_IN_KERNEL
+    past = order = None
     if by_table:
         self_kv, written = _storage(cache, weights, rows)  # (layers, 2, capacity, slab rows, h, d_k)
         column = torch.arange(rows, device=embedding.device)[:, None]  # this step's rows write slab rows 0 .. B - 1
         table = column if t == 0 else torch.cat([cache.table, column], dim=1)  # (B, t + 1)
+    elif gathered:
+        past = cache.self_kv.contiguous().unbind(0) if t > 0 else None  # per layer (2, B', h, t, d_k)
+        order = cache.order
+        self_kv = embedding.new_empty(len(weights.layers), 2, rows, heads, t + 1, d_k)  # written by the kernel
     else:
         self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position written below
     position = weights.positions(t, 1)[0].to(embedding.dtype)
@@ -188,18 +197,20 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     if kernel is not None and memory_mask is not None:
         memory_mask = memory_mask[:, 0, 0]  # (B / group, S)
     # (methods, not indexing: `t[:, 1:]` costs several times `t.narrow(1, 1, 2)`, and a step makes dozens)
-    for w, kv, (k, v) in zip(weights.layers, self_kv.unbind(0), cache.cross_kv):
+    for i, (w, kv, (k, v)) in enumerate(zip(weights.layers, self_kv.unbind(0), cache.cross_kv)):
         # masked self-attention: the new position's keys and values into the cache, its query over all t + 1
         qkv = w.qkv(w.norm1(x) if pre else x).view(rows, 3, heads, d_k)
         new_kv = qkv.narrow(1, 1, 2).transpose(0, 1)  # (2, B, h, d_k)
         if by_table:
             kv.select(1, t).narrow(1, 0, rows).copy_(new_kv)  # kv: (2, capacity, slab rows, h, d_k)
-        else:
+        elif not gathered:
             kv.select(3, t).copy_(new_kv)  # kv: (2, B, h, t + 1, d_k)
         s_row, _, s_head, s_dim = qkv.stride()
         q = qkv.as_strided((rows, heads, 1, d_k), (s_row, s_head, s_head, s_dim))  # qkv[:, 0, :, None]: (B, h, 1, d_k)
         if by_table:
             a = kernel.attend_by_table(q, *kv.unbind(0), table, scale)  # (B, 1, h, d_k)
+        elif gathered:
+            a = kernel.attend_gathered(q, None if past is None else past[i], order, new_kv, kv, scale)
         elif kernel is not None:
             a = kernel.attend(q, *kv.unbind(0), None, scale)  # (B, 1, h, d_k)
         else:

@@ -177,6 +177,90 @@ torch::Tensor attend_by_table(const torch::Tensor& q, const torch::Tensor& k, co
   return out;
 }
 
+// The self-attention of a step over a cache kept in batch-row order (transduce.model.step, for short sources),
+// with the cache of the next step made on the way: past (2, B', H, T, D) contiguous, the keys and values of the T
+// earlier positions in the previous step's row order (None when T = 0); order (B,) int64 or None (the identity):
+// row b continues row order[b] of past; new_kv (2, B, H, D), any strides but a dense D: this step's keys and
+// values; out (2, B, H, T + 1, D) contiguous, written here: past's rows in the new order, then new_kv at position
+// T. q (B, H, 1, D). Returns (B, 1, H, D): the attention of q over out. Each (row, head)'s keys and values are
+// copied and then attended while in the cache; gathering the whole cache first (torch.index_select over every
+// layer, one call a step) and attending afterwards read it from memory twice.
+torch::Tensor attend_gathered(const torch::Tensor& q, const c10::optional<torch::Tensor>& past,
+                              const c10::optional<torch::Tensor>& order, const torch::Tensor& new_kv,
+                              const torch::Tensor& out, double scale) {
+  check_floats(q, "q", 4, "attend_gathered");
+  check_floats(new_kv, "new_kv", 4, "attend_gathered");
+  check_floats(out, "out", 5, "attend_gathered");
+  const int64_t B = q.size(0), H = q.size(1), d = q.size(3), T = out.size(3) - 1;
+  TORCH_CHECK(q.size(2) == 1, "attend_gathered: one query per row, got ", q.sizes());
+  TORCH_CHECK(out.is_contiguous() && out.size(0) == 2 && out.size(1) == B && out.size(2) == H && T >= 0 &&
+                  out.size(4) == d,
+              "attend_gathered: out must be a contiguous (2, ", B, ", ", H, ", T + 1, ", d, ") tensor, got ",
+              out.sizes());
+  TORCH_CHECK(new_kv.size(0) == 2 && new_kv.size(1) == B && new_kv.size(2) == H && new_kv.size(3) == d,
+              "attend_gathered: new_kv must be (2, ", B, ", ", H, ", ", d, "), got ", new_kv.sizes());
+  const bool has_past = past.has_value() && past->defined();
+  TORCH_CHECK(has_past == (T > 0), "attend_gathered: past is needed exactly when out holds earlier positions");
+  const float* pd = nullptr;
+  int64_t rows = B;
+  if (has_past) {
+    check_floats(*past, "past", 5, "attend_gathered");
+    TORCH_CHECK(past->is_contiguous() && past->size(0) == 2 && past->size(2) == H && past->size(3) == T &&
+                    past->size(4) == d,
+                "attend_gathered: past must be a contiguous (2, rows, ", H, ", ", T, ", ", d, ") tensor, got ",
+                past->sizes());
+    pd = past->data_ptr<float>();
+    rows = past->size(1);
+  }
+  const int64_t* od_order = nullptr;
+  if (order.has_value() && order->defined()) {
+    TORCH_CHECK(order->device().is_cpu() && order->scalar_type() == at::kLong && order->dim() == 1 &&
+                    order->size(0) == B && order->is_contiguous(),
+                "attend_gathered: order must be a contiguous (", B, ",) int64 CPU tensor, got ", order->sizes());
+    od_order = order->data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(od_order[b] >= 0 && od_order[b] < rows, "attend_gathered: order entry ", od_order[b],
+                  " outside the ", rows, " rows");
+  } else {
+    TORCH_CHECK(!has_past || rows == B, "attend_gathered: without an order past needs ", B, " rows, got ", rows);
+  }
+  auto result = torch::empty({B, 1, H, d}, q.options());
+  const float* qd = q.data_ptr<float>();
+  const float* nd = new_kv.data_ptr<float>();
+  float* cd = out.data_ptr<float>();
+  float* rd = result.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t q0 = q.stride(0), q1 = q.stride(1);
+  const int64_t n0 = new_kv.stride(0), n1 = new_kv.stride(1), n2 = new_kv.stride(2);
+  const int64_t span = (T + 1) * d, past_span = T * d;  // floats per (row, head) in out and in past
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, span));
+  at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(T + 1 + d);
+    float* p = scratch.data();
+    float* acc = p + T + 1;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      float* keys = cd + (b * H + h) * span;
+      float* values = cd + ((B + b) * H + h) * span;
+      if (T > 0) {
+        const int64_t src = od_order == nullptr ? b : od_order[b];
+        std::memcpy(keys, pd + (src * H + h) * past_span, past_span * sizeof(float));
+        std::memcpy(values, pd + ((rows + src) * H + h) * past_span, past_span * sizeof(float));
+      }
+      const float* nk = nd + b * n1 + h * n2;
+      const float* nv = nk + n0;
+      for (int64_t i = 0; i < d; ++i) {
+        keys[past_span + i] = nk[i];
+        values[past_span + i] = nv[i];
+      }
+      const auto key = [keys, d](int64_t t) { return keys + t * d; };
+      const auto value = [values, d](int64_t t) { return values + t * d; };
+      attend_any(qd + b * q0 + h * q1, key, value, nullptr, 0, T + 1, d, sc, p, acc, rd + (b * H + h) * d);
+    }
+  });
+  return result;
+}
+
 // logsumexp and row_topk: what beam search needs of the next-token distribution, without writing it. The
 // search's candidates are the best 2 x beam (hypothesis score + log-probability) of each sentence; within one row
 // the log-probability is logit - logsumexp(logits), a constant shift, so the best candidates of a row are its
@@ -366,6 +450,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release());
   m.def("layer_norm", &layer_norm, "layer normalisation over the last dimension of (R, D) rows", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"), release());
+  m.def("attend_gathered", &attend_gathered,
+        "self-attention of a step over a cache in row order, writing the next step's cache",
+        pybind11::arg("q"), pybind11::arg("past"), pybind11::arg("order"), pybind11::arg("new_kv"),
+        pybind11::arg("out"), pybind11::arg("scale"), release());
   m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"), release());
   m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
         pybind11::arg("k"), release());
