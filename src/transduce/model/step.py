@@ -35,10 +35,12 @@ FAST_STEP = True  # set False to run every decoding step through the decoder's m
 KERNEL_NORM = True  # set False for torch.layer_norm instead of transduce's kernel in the step's norms
 GATHER_IN_KERNEL = True  # set False to gather the cache's rows with torch.index_select before the attention kernel
 BY_POSITION = True  # set False to gather the self-attention cache at every step even where the kernels run
-# ... for batches whose padded source is at least this long: below it, where outputs are short, storing by position
-# and gathering cost the same (Multi30k: 0.98-0.99x), above it storing by position wins (beam 4, the `small` model:
-# 1.02x at 50 tokens, 1.11x at 100, 1.23x at 400: benchmarks/kv_cache.py, RESULTS_speed.md)
-BY_POSITION_MIN_SOURCE = 32
+# ... for batches whose padded source is at least this long. Below it, the cache gathered into row order inside the
+# attention kernel (attend_gathered) costs no more: beam 4 on the `small` model, one thread, the AVX-512 machine,
+# by position against gathered: 0.97x at 25 and 50 tokens, 0.92x at 100, 0.94x at 200, 1.00x at 400, 1.70x at
+# 800 (benchmarks/kv_cache.py, RESULTS_speed.md; before attend_gathered, against torch.index_select: 1.11x at 100,
+# 1.23x at 400)
+BY_POSITION_MIN_SOURCE = 400
 
 Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
 Norm = Callable[[Tensor], Tensor]
