@@ -30,11 +30,13 @@ def test_the_kernel_builds():
 
 @pytest.mark.parametrize(
     "n, heads, queries, keys, d",
-    [(6, 4, 1, 9, 32), (3, 2, 4, 11, 64), (5, 3, 2, 1, 16), (2, 2, 3, 300, 128), (4, 1, 5, 7, 10)],
-)
+    [(6, 4, 1, 9, 32), (3, 2, 4, 11, 64), (5, 3, 2, 1, 16), (2, 2, 3, 300, 128), (4, 1, 5, 7, 10),
+     (2, 3, 2, 2, 32), (3, 2, 3, 8, 64), (2, 2, 1, 1, 32)],
+)  # fmt: skip
 @pytest.mark.parametrize("masked", [False, True])
 def test_kernel_equals_scaled_dot_product_attention(n, heads, queries, keys, d, masked):
-    """Head sizes compiled in (32, 64, 128) and not (16, 10), one key and many, with and without a mask."""
+    """Head sizes compiled in (32, 64, 128; with AVX-512, 32 and 64 by four keys at a time) and not (16, 10); one
+    key, fewer than four, multiples of four and not; with and without a mask."""
     g = torch.Generator().manual_seed(n * keys + d)
     q, k, v = (torch.randn(n, heads, t, d, generator=g) * 2 for t in (queries, keys, keys))
     mask = None
@@ -82,14 +84,15 @@ def test_attention_by_table_equals_attention_over_the_gathered_cache(d):
         kernels.compiled().attend_by_table(q, k, v, table.clamp(max=6).index_fill(1, torch.tensor([2]), 7), 1.0)
 
 
-def test_masked_keys_get_no_weight_and_a_query_with_no_key_gets_zeros():
-    q = torch.ones(1, 1, 2, 4)
-    k = torch.zeros(2, 1, 3, 4)[:1]
-    v = torch.tensor([[[[1.0] * 4, [2.0] * 4, [1e30] * 4]]])  # a huge value on the masked key would show
+@pytest.mark.parametrize("d", [4, 32])
+def test_masked_keys_get_no_weight_and_a_query_with_no_key_gets_zeros(d):
+    q = torch.ones(1, 1, 2, d)
+    k = torch.zeros(2, 1, 3, d)[:1]
+    v = torch.tensor([[[[1.0] * d, [2.0] * d, [1e30] * d]]])  # a huge value on the masked key would show
     out = kernels.attend(q, k, v, torch.tensor([[True, True, False]]))
-    assert torch.equal(out, torch.full((1, 2, 1, 4), 1.5))  # equal scores: the mean of the two keys, exactly
+    assert torch.equal(out, torch.full((1, 2, 1, d), 1.5))  # equal scores: the mean of the two keys, exactly
     none = kernels.attend(q, k, v, torch.tensor([[False, False, False]]))
-    assert torch.equal(none, torch.zeros(1, 2, 1, 4))
+    assert torch.equal(none, torch.zeros(1, 2, 1, d))
 
 
 def test_kernel_rejects_what_it_cannot_read():

@@ -27,9 +27,81 @@ namespace {
 
 // One query over T keys; key(t) and value(t) give the addresses of key and value t. D > 0: the head size fixed
 // at compile time (the loops unrolled, the accumulator in registers); D == 0: the head size d at run time.
+#ifdef TRANSDUCE_AVX512
+// The four sums of the 16 lanes of v0 .. v3, in that order: three rounds of lane shuffles and adds for the four,
+// where a reduction per vector takes about as many for one.
+inline __m128 sum4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  // 128-bit quarters: a = [v0.0 + v0.2, v0.1 + v0.3, v1.0 + v1.2, v1.1 + v1.3], b likewise for v2, v3
+  const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
+  // quarter j of c: four partial sums of v_j
+  const __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 d = _mm512_add_ps(c, _mm512_permute_ps(c, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512 e = _mm512_add_ps(d, _mm512_permute_ps(d, _MM_SHUFFLE(1, 0, 3, 2)));  // each quarter: its total
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), e));
+}
+
+// attend_one for head sizes of 32 and 64 with AVX-512: the query in registers, the scores of four keys reduced
+// together (sum4), the weighted sum of the values in two sets of accumulators (even and odd keys), so that the
+// additions of successive keys do not wait for each other. About 2x the compiler's vectorisation of the generic
+// loops (benchmarks/RESULTS_speed.md).
+template <int64_t D, class KeyAt, class ValueAt>
+void attend_one_avx512(const float* __restrict q, KeyAt key, ValueAt value, const bool* mask, int64_t mask_step,
+                       int64_t T, float scale, float* __restrict p, float* __restrict out) {
+  constexpr int64_t W = D / 16;  // vectors per row
+  __m512 qv[W];
+  for (int64_t i = 0; i < W; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+  const auto dot = [&](const float* k) {
+    __m512 s = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    for (int64_t i = 1; i < W; ++i) s = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), s);
+    return s;
+  };
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4)
+    _mm_storeu_ps(p + t, sum4(dot(key(t)), dot(key(t + 1)), dot(key(t + 2)), dot(key(t + 3))));
+  for (; t < T; ++t) p[t] = _mm512_reduce_add_ps(dot(key(t)));
+  float top = kNegInf;
+  for (t = 0; t < T; ++t) {
+    const float s = (mask == nullptr || mask[t * mask_step]) ? p[t] * scale : kNegInf;
+    p[t] = s;
+    top = s > top ? s : top;
+  }
+  if (top == kNegInf) {  // nothing to attend
+    for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
+    return;
+  }
+  const float sum = sum_exp(p, top, T, p);
+  __m512 even[W], odd[W];
+  for (int64_t i = 0; i < W; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+  for (t = 0; t + 2 <= T; t += 2) {
+    const __m512 w0 = _mm512_set1_ps(p[t]), w1 = _mm512_set1_ps(p[t + 1]);
+    const float* v0 = value(t);
+    const float* v1 = value(t + 1);
+    for (int64_t i = 0; i < W; ++i) {
+      even[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * i), even[i]);
+      odd[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * i), odd[i]);
+    }
+  }
+  if (t < T) {
+    const __m512 w0 = _mm512_set1_ps(p[t]);
+    const float* v0 = value(t);
+    for (int64_t i = 0; i < W; ++i) even[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * i), even[i]);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int64_t i = 0; i < W; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(_mm512_add_ps(even[i], odd[i]), inv));
+}
+#endif
+
 template <int64_t D, class KeyAt, class ValueAt>
 void attend_one(const float* __restrict q, KeyAt key, ValueAt value, const bool* mask, int64_t mask_step, int64_t T,
                 int64_t d, float scale, float* __restrict p, float* __restrict acc, float* __restrict out) {
+#if defined(TRANSDUCE_AVX512) && !defined(TRANSDUCE_GENERIC_ATTENTION)
+  if constexpr (D == 32 || D == 64) return attend_one_avx512<D>(q, key, value, mask, mask_step, T, scale, p, out);
+#endif
   const int64_t dim = D > 0 ? D : d;
   float top = kNegInf;
   for (int64_t t = 0; t < T; ++t) {
