@@ -97,6 +97,13 @@ def _int8_linear(lin: nn.Module, relu: bool) -> Linear | None:
     return int8
 
 
+def _output(lin: nn.Module) -> Callable[[Tensor], Tensor]:
+    """The pre-softmax projection as a function of (B, d_model) rows: the int8 operation for a quantised layer
+    (:func:`_int8_linear`), else :func:`~transduce.model.packed.project` as the model calls it."""
+    int8 = _int8_linear(lin, relu=False)
+    return int8 if int8 is not None else lambda x: packed.project(lin, x, output=True)
+
+
 def _norm(norm: nn.Module) -> Norm:
     """A LayerNorm as a function (the identity for ``nn.Identity``, the post-norm decoder's missing final norm):
     transduce's kernel where it applies (float32 on the CPU, :data:`KERNEL_NORM`), else ``torch.layer_norm``."""
@@ -141,7 +148,7 @@ class StepWeights:
     embedding: Tensor  # (tgt_vocab, d_model)
     embed_scale: float
     positions: nn.Module  # (offset, length) -> (length, d_model)
-    output: nn.Module  # the pre-softmax projection, through packed.project
+    output: Callable[[Tensor], Tensor]  # the pre-softmax projection: packed.project, or the int8 operation
     heads: int
     d_k: int
 
@@ -159,7 +166,7 @@ class StepWeights:
             ))  # fmt: skip
         return cls(
             model, tuple(layers), _norm(model.decoder_norm), cfg.norm == "pre", model.tgt_embed.weight,
-            model.embed_scale, model.tgt_positions, model.output, cfg.heads, cfg.d_k,
+            model.embed_scale, model.tgt_positions, _output(model.output), cfg.heads, cfg.d_k,
         )  # fmt: skip
 
 
@@ -193,7 +200,9 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         self_kv = embedding.new_empty(len(weights.layers), 2, rows, heads, t + 1, d_k)  # written by the kernel
     else:
         self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position written below
-    position = weights.positions(t, 1)[0].to(embedding.dtype)
+    position = weights.positions(t, 1)[0]
+    if position.dtype != embedding.dtype:
+        position = position.to(embedding.dtype)
     x = torch.add(position, torch.embedding(embedding, tokens.view(rows)), alpha=weights.embed_scale)  # (B, d_model)
     memory_mask, scale = cache.memory_mask, d_k**-0.5
     if kernel is not None and memory_mask is not None:
@@ -234,7 +243,7 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         x = w.w2(h if w.activation is None else w.activation(h), x)
         if not pre:
             x = w.norm3(x)
-    logits = packed.project(weights.output, weights.final_norm(x)[:, None], output=True)
+    logits = weights.output(weights.final_norm(x))[:, None]  # (B, 1, V)
     if by_table:
         return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, None, weights, table, written)
     return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)

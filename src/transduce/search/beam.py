@@ -240,6 +240,8 @@ def beam_search(
     tokens_in = bos[:n]
     row_limit = limit
     beam_offsets = torch.arange(2 * beam, device=device)
+    # the tokens masked in every row: [from min_len on, before it]
+    masked_ids = [torch.tensor(always_masked(cfg, m, min_len), device=device) for m in (min_len, 0)]
 
     step = 0
     while True:
@@ -252,7 +254,7 @@ def beam_search(
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
         if FROM_LOGITS and kernels.applies(last) and last.is_contiguous():
             if ROW_CANDIDATES and masks_rows_alike(step, **limits):  # the usual step: one kernel, a row at a time
-                masked = torch.tensor(always_masked(cfg, step, min_len), device=device)
+                masked = masked_ids[step < min_len]
                 normaliser, values, tokens = kernels.row_candidates(last, min(2 * beam, last.shape[1]), masked)
                 cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
                     values, tokens, normaliser, scores, 2 * beam
