@@ -294,6 +294,24 @@ def test_beam_search_from_logits_equals_beam_search_from_log_probs(options, one_
         monkeypatch.setattr(beam_module, "FROM_LOGITS", True)
 
 
+@pytest.mark.parametrize("options", [{}, {"min_len": 3, "no_repeat_ngram": 2}, {"max_len_b": 2}])
+def test_greedy_search_from_logits_equals_greedy_search_from_log_probs(options, monkeypatch):
+    """Greedy search's token and log-probability from row_candidates (k = 1), where every row masks the same
+    tokens, equal the argmax of the full log-softmax and its value, with every kind of mask."""
+    from transduce.search import greedy as greedy_module
+
+    for seed in range(6):
+        model, src = random_model(seed), random_src(seed, n=5)
+        kw = {"max_len_a": 1.0, "max_len_b": 6, **options}
+        got = greedy_search(model, src, **kw)
+        monkeypatch.setattr(greedy_module, "FROM_LOGITS", False)
+        want = greedy_search(model, src, **kw)
+        monkeypatch.setattr(greedy_module, "FROM_LOGITS", True)
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        for a, b in zip(got, want, strict=True):
+            assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+
+
 def test_beam_step_takes_top_2k_across_beams():
     log_probs = torch.log(torch.tensor([[[0.1, 0.2, 0.7], [0.5, 0.4, 0.1]]]))  # (N=1, beam=2, V=3)
     scores = torch.log(torch.tensor([[0.5, 0.5]]))

@@ -9,25 +9,33 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transduce.model import kernels
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
     SearchModel,
+    always_masked,
     check_length_penalty,
     constrain,
     final_score,
     gc_paused,
+    masks_rows_alike,
     max_lengths,
     next_token_log_probs,
 )
 
 Picker = Callable[[Tensor], Tensor]  # (R, V) masked log-probabilities -> (R,) chosen ids
 
+# Greedy search takes each row's best token and its log-probability from the logits through transduce's kernels
+# (kernels.row_candidates with k = 1: the row's logsumexp and its largest allowed logit, one pass over the row)
+# where they apply and every row masks the same tokens; set False to take them from a full log-softmax always.
+FROM_LOGITS = True
+
 
 def _decode_rows(
     model: SearchModel,
     src: Tensor,
-    pick: Picker,
+    pick: Picker | None,
     *,
     copies: int,
     length_penalty: float,
@@ -38,7 +46,7 @@ def _decode_rows(
     no_repeat_ngram: int,
 ) -> list[Hypothesis]:
     """Extend ``copies`` rows per sentence until each produces EOS; returns the rows' hypotheses in row order
-    (sentence-major)."""
+    (sentence-major). ``pick`` None: the most likely token (greedy search)."""
     check_length_penalty(length_penalty, length_norm)
     cfg = model.config
     device = src.device
@@ -55,16 +63,24 @@ def _decode_rows(
     log_prob = torch.zeros(rows, dtype=torch.float64, device=device)
     tokens_in = torch.full((rows, 1), cfg.bos_id, dtype=torch.long, device=device)
     out: list[Hypothesis | None] = [None] * rows
+    # the tokens masked in every row: [from min_len on, before it]
+    masked_ids = [torch.tensor(always_masked(cfg, m, min_len), device=device) for m in (min_len, 0)]
     step = 0
     while True:
         logits, cache = model.decode(tokens_in, memory, cache)
-        log_probs = next_token_log_probs(logits)
-        constrain(
-            log_probs, step, config=cfg, max_len=row_limit, min_len=min_len, history=history,
-            no_repeat_ngram=no_repeat_ngram,
-        )  # fmt: skip
-        chosen = pick(log_probs)  # (R,)
-        log_prob += log_probs.gather(1, chosen[:, None]).squeeze(1).double()
+        last = logits[:, -1]  # (R, V)
+        limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
+        if (
+            pick is None and FROM_LOGITS and kernels.applies(last) and last.is_contiguous()
+            and masks_rows_alike(step, **limits)
+        ):  # fmt: skip
+            normaliser, best, token = kernels.row_candidates(last, 1, masked_ids[step < min_len])
+            chosen, chosen_lp = token[:, 0], best[:, 0] - normaliser  # (R,)
+        else:
+            log_probs = constrain(next_token_log_probs(logits), step, **limits)
+            chosen = log_probs.argmax(dim=-1) if pick is None else pick(log_probs)  # (R,)
+            chosen_lp = log_probs.gather(1, chosen[:, None]).squeeze(1)
+        log_prob += chosen_lp.double()
         ended = chosen.eq(cfg.eos_id)
         if bool(ended.any()):
             idx = ended.nonzero().squeeze(1)
@@ -107,7 +123,7 @@ def greedy_search(
         One hypothesis per sentence.
     """
     return _decode_rows(
-        model, src, lambda lp: lp.argmax(dim=-1), copies=1, length_penalty=length_penalty, length_norm=length_norm,
+        model, src, None, copies=1, length_penalty=length_penalty, length_norm=length_norm,
         max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
     )  # fmt: skip
 
