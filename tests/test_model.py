@@ -532,13 +532,22 @@ def test_attention_weights_on_request(monkeypatch):
     assert torch.allclose(att.cross[0].sum(-1), torch.ones(3, 4, 6), atol=1e-5)
     assert att.cross[1][0, :, :, -2:].abs().max() == 0  # padded source positions get no attention
     assert att.decoder[0][:, :, 0, 1:].abs().max() == 0  # causal: the first position sees only itself
-    # the inference path goes through the fused kernel and never materialises weights
-    calls = []
-    real = F.scaled_dot_product_attention
+    # the inference path goes through fused kernels and never materialises weights: transduce's attention kernel
+    # where the mask is none or a key-padding one (encoder self, decoder cross per layer), SDPA for the causal rest
+    calls, ours = [], []
+    real, real_kernel = F.scaled_dot_product_attention, kernels.attend
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(kernels, "attend", lambda *a, **k: ours.append(1) or real_kernel(*a, **k))
     with torch.no_grad():
         model(src, tgt)
-    assert len(calls) == 2 + 2 * 2  # encoder self, decoder self + cross per layer
+    if kernels.compiled() is not None:
+        assert (len(calls), len(ours)) == (2, 2 + 2)
+    monkeypatch.setattr(layers_module, "KERNEL_MAX_KEYS", 0)  # SDPA for every layer
+    calls.clear()
+    with torch.no_grad():
+        sdpa_logits = model(src, tgt)
+    assert len(calls) == 2 + 2 * 2
+    torch.testing.assert_close(sdpa_logits, logits, atol=1e-5, rtol=1e-5)
 
 
 def _qkv(b=5, h=4, t=7, s=9, d=16, seed=3):
@@ -636,6 +645,7 @@ def test_cpu_training_attention_uses_explicit_products_and_the_same_gradients(mo
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
     monkeypatch.setattr(layers_module, "EXPLICIT_CPU_BACKWARD", True)
+    monkeypatch.setattr(layers_module, "KERNEL_MAX_KEYS", 0)  # (else the attention kernel takes the padding-masked)
     calls.clear()
     with torch.no_grad():
         model(src, tgt)

@@ -27,6 +27,18 @@ namespace {
 
 // One query over T keys; key(t) and value(t) give the addresses of key and value t. D > 0: the head size fixed
 // at compile time (the loops unrolled, the accumulator in registers); D == 0: the head size d at run time.
+// Dot products p[0 .. T) of a query with its keys, in place: scaled, -inf where the mask excludes the key, then
+// exp(p - max); returns their sum, 0 when every key is masked (nothing to attend; the max is always one term).
+inline float softmax_numerators(float* p, int64_t T, const bool* mask, int64_t mask_step, float scale) {
+  float top = kNegInf;
+  for (int64_t t = 0; t < T; ++t) {
+    const float s = (mask == nullptr || mask[t * mask_step]) ? p[t] * scale : kNegInf;
+    p[t] = s;
+    top = s > top ? s : top;
+  }
+  return top == kNegInf ? 0.0f : sum_exp(p, top, T, p);
+}
+
 #ifdef TRANSDUCE_AVX512
 // The four sums of the 16 lanes of v0 .. v3, in that order: three rounds of lane shuffles and adds for the four,
 // where a reduction per vector takes about as many for one.
@@ -64,17 +76,11 @@ void attend_one_avx512(const float* __restrict q, KeyAt key, ValueAt value, cons
   for (; t + 4 <= T; t += 4)
     _mm_storeu_ps(p + t, sum4(dot(key(t)), dot(key(t + 1)), dot(key(t + 2)), dot(key(t + 3))));
   for (; t < T; ++t) p[t] = _mm512_reduce_add_ps(dot(key(t)));
-  float top = kNegInf;
-  for (t = 0; t < T; ++t) {
-    const float s = (mask == nullptr || mask[t * mask_step]) ? p[t] * scale : kNegInf;
-    p[t] = s;
-    top = s > top ? s : top;
-  }
-  if (top == kNegInf) {  // nothing to attend
+  const float sum = softmax_numerators(p, T, mask, mask_step, scale);
+  if (sum == 0.0f) {  // nothing to attend
     for (int64_t i = 0; i < D; ++i) out[i] = 0.0f;
     return;
   }
-  const float sum = sum_exp(p, top, T, p);
   __m512 even[W], odd[W];
   for (int64_t i = 0; i < W; ++i) even[i] = odd[i] = _mm512_setzero_ps();
   for (t = 0; t + 2 <= T; t += 2) {
@@ -103,21 +109,18 @@ void attend_one(const float* __restrict q, KeyAt key, ValueAt value, const bool*
   if constexpr (D == 32 || D == 64) return attend_one_avx512<D>(q, key, value, mask, mask_step, T, scale, p, out);
 #endif
   const int64_t dim = D > 0 ? D : d;
-  float top = kNegInf;
   for (int64_t t = 0; t < T; ++t) {
     const float* __restrict kt = key(t);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < dim; ++i) s += q[i] * kt[i];
-    s = (mask == nullptr || mask[t * mask_step]) ? s * scale : kNegInf;
     p[t] = s;
-    top = s > top ? s : top;
   }
-  if (top == kNegInf) {  // nothing to attend
+  const float sum = softmax_numerators(p, T, mask, mask_step, scale);
+  if (sum == 0.0f) {  // nothing to attend
     for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
     return;
   }
-  const float sum = sum_exp(p, top, T, p);
   for (int64_t i = 0; i < dim; ++i) acc[i] = 0.0f;
   for (int64_t t = 0; t < T; ++t) {
     const float w = p[t];
