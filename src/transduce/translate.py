@@ -113,8 +113,8 @@ class Translator:
     ) -> Translator:
         """A translator from a run directory, a checkpoint, or a Hugging Face Marian model directory (an opus-mt
         model, for example; needs the ``interop`` extra), with the model's decoding configuration unless ``decode``
-        is given. ``quantize="int8"`` runs the larger linear layers with dynamic int8 quantisation (CPU only; see
-        :mod:`transduce.model.quantize`)."""
+        is given. ``quantize="int8"`` runs the linear layers (every one where the CPU has VNNI, else the larger
+        ones) with dynamic int8 quantisation (CPU only; see :mod:`transduce.model.quantize`)."""
         from transduce.interop.marian import load_any
         from transduce.model.quantize import QUANTIZATIONS, quantize_int8
 

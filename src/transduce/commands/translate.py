@@ -58,7 +58,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="split longer lines (default: 1024; max_positions - 1 with learned positions)",
     )
     parser.add_argument(
-        "--int8", action="store_true", help="CPU: dynamic int8 for the larger linear layers (faster, approximate)"
+        "--int8",
+        action="store_true",
+        help="CPU: dynamic int8 linear layers (all where the CPU has VNNI, else the larger ones; faster, approximate)",
     )
     g = parser.add_argument_group("decoding (default: the run's decode config)")
     g.add_argument("--beam", type=int, metavar="K", help="beam size; 1 is greedy")
