@@ -45,7 +45,8 @@ def test_kernel_equals_scaled_dot_product_attention(n, heads, queries, keys, d, 
         mask[:, 0] = True  # every query has a key to attend
     out = kernels.attend(q, k, v, mask)
     assert out.shape == (n, queries, heads, d) and out.is_contiguous()
-    torch.testing.assert_close(out, reference(q, k, v, mask), atol=2e-6, rtol=1e-5)
+    # (values up to about 8 in size, summed in another order than SDPA's: a few units in the last place of them)
+    torch.testing.assert_close(out, reference(q, k, v, mask), atol=1e-5, rtol=1e-5)
 
 
 def test_kernel_reads_strided_views_as_the_decoding_step_passes_them():

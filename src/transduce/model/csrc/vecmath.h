@@ -22,43 +22,47 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // e^x for x <= 0; 0 below -87 (where e^x leaves float's normal range) and for -inf. Cody-Waite reduction
 // x = n ln2 + r, |r| <= ln2 / 2, and a degree-6 polynomial for e^r (Cephes' expf coefficients), branch-free so
-// that the loops calling it are vectorised.
+// that the loops calling it are vectorised. The 8- and 16-wide versions below take the same steps with these
+// constants.
+constexpr float kExpLow = -87.0f, kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExp6 = 1.9875691500e-4f, kExp5 = 1.3981999507e-3f, kExp4 = 8.3334519073e-3f,
+                kExp3 = 4.1665795894e-2f, kExp2 = 1.6666665459e-1f, kExp1 = 5.0000001201e-1f;
 inline float exp_nonpositive(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
+  const float xc = x < kExpLow ? kExpLow : x;
+  const float n = __builtin_rintf(xc * kLog2e);
+  float r = xc - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float y = kExp6;
+  y = y * r + kExp5;
+  y = y * r + kExp4;
+  y = y * r + kExp3;
+  y = y * r + kExp2;
+  y = y * r + kExp1;
   y = y * r * r + r + 1.0f;
   int32_t bits;
   std::memcpy(&bits, &y, sizeof bits);
   bits += static_cast<int32_t>(n) << 23;
   std::memcpy(&y, &bits, sizeof y);
-  return x < -87.0f ? 0.0f : y;
+  return x < kExpLow ? 0.0f : y;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define TRANSDUCE_AVX2 1
 // exp_nonpositive on 8 floats at once (the same steps and constants).
 inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 low = _mm256_set1_ps(-87.0f);
+  const __m256 low = _mm256_set1_ps(kExpLow);
   const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
   const __m256 xc = _mm256_max_ps(x, low);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 y = _mm256_set1_ps(kExp6);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExp5));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExp4));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExp3));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExp2));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kExp1));
   y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i scale = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
   y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), scale));
@@ -85,19 +89,19 @@ inline float horizontal_max(__m256 v) {
 // (AMD Zen 5 here), a 16-wide step costs what an 8-wide one does: logsumexp over the rows of a beam step's logits
 // took about half the time.
 inline __m512 exp_nonpositive16(__m512 x) {
-  const __m512 low = _mm512_set1_ps(-87.0f);
+  const __m512 low = _mm512_set1_ps(kExpLow);
   const __mmask16 under = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
   const __m512 xc = _mm512_max_ps(x, low);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 y = _mm512_set1_ps(kExp6);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExp5));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExp4));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExp3));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExp2));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kExp1));
   y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i scale = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
   y = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), scale));
