@@ -4,6 +4,7 @@ import math
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -775,6 +776,37 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypat
     torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
 
 
+def test_a_cache_selected_before_its_first_step_decodes_as_the_modules_do(monkeypatch):
+    """A cache re-indexed to fewer rows before any position is decoded (init_cache(...).select(...)) has an order
+    but nothing to order: the step function's first step must not read it."""
+    model = make(norm="pre")
+    src, tgt = batch()
+    with torch.inference_mode():
+        memory = model.encode(src)
+        cache = model.init_cache(memory).select(torch.tensor([2]))
+        fast, _ = model.decode(tgt[2:3, :1], memory, cache)
+        monkeypatch.setattr(step_module, "FAST_STEP", False)
+        slow, _ = model.decode(tgt[2:3, :1], memory, cache)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+def test_inference_attention_takes_the_kernel_only_for_an_exact_key_padding_mask(monkeypatch):
+    """(B, 1, 1, S) masks go to the attention kernel; masks that broadcast ((1, 1, 1, S), (B, 1, 1, 1)) go to SDPA,
+    with the same result."""
+    torch.manual_seed(0)
+    attn = make(norm="pre").encoder_layers[0].self_attn
+    q, k, v = (torch.randn(3, 4, 5, 8) for _ in range(3))
+    keys = torch.tensor([True, True, True, False, True])
+    with torch.no_grad():
+        for mask, kernel in [(keys.expand(3, 5)[:, None, None].clone(), True), (keys[None, None, None], False),
+                             (torch.ones(3, 1, 1, 1, dtype=torch.bool), False)]:  # fmt: skip
+            assert layers_module._kernel_attends(q, k, v, mask) == (kernel and kernels.compiled() is not None)
+            out, _ = attn._attend(q, k, v, mask, False, False)
+            want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(3, 5, 32)
+            torch.testing.assert_close(out, attn.out(want), atol=1e-5, rtol=1e-5)
+    assert not layers_module._kernel_attends(q, k, v.requires_grad_(), None)  # a gradient wanted: SDPA or products
+
+
 @pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
 def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
     """With oneDNN on for every layer, a product smaller than ONEDNN_MIN_MACS multiply-adds stays with F.linear
@@ -797,10 +829,26 @@ def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
             torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias) + residual)
 
 
-def test_onednn_layers_are_on_exactly_where_pytorch_uses_avx512():
-    wide = torch.backends.cpu.get_cpu_capability() == "AVX512"
-    assert packed_module._wide_vectors() == wide
-    assert (packed_module.ONEDNN and wide) == packed_module.ONEDNN_LAYERS
+@pytest.mark.parametrize(
+    "capability, vendor, on",
+    [("AVX512", "AuthenticAMD", True), ("AVX2", "AuthenticAMD", False), ("AVX512", "GenuineIntel", False),
+     ("AVX512", "", False)],
+)  # fmt: skip
+def test_onednn_for_every_layer_only_where_avx512_meets_an_amd_cpu(monkeypatch, capability, vendor, on):
+    """oneDNN's fp32 products beat MKL's where they use wider vectors: AVX-512 on AMD, where MKL stops at AVX2."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(packed_module, "_cpu_vendor", lambda: vendor)
+    assert packed_module._wide_vectors() is on
+
+
+def test_the_cpu_vendor_is_read_from_proc_cpuinfo():
+    vendor = packed_module._cpu_vendor()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        assert vendor == ""
+        return
+    assert (f"vendor_id\t: {vendor}" in text) if vendor else "vendor_id" not in text
 
 
 @pytest.mark.parametrize("layers", [True, False])

@@ -285,6 +285,9 @@ def test_beam_search_from_logits_equals_beam_search_from_log_probs(options, one_
     from transduce.search import beam as beam_module
 
     monkeypatch.setattr(beam_module, "ROW_CANDIDATES", one_kernel)
+    calls = []
+    real = kernels.row_candidates
+    monkeypatch.setattr(kernels, "row_candidates", lambda *a: calls.append(1) or real(*a))
     for seed in range(6):
         model, src = random_model(seed), random_src(seed, n=5)
         kw = {"beam": 4, "nbest": 4, "max_len_a": 1.0, "max_len_b": 6, **options}
@@ -292,6 +295,8 @@ def test_beam_search_from_logits_equals_beam_search_from_log_probs(options, one_
         monkeypatch.setattr(beam_module, "FROM_LOGITS", False)
         same(got, beam_search(model, src, **kw), tol=1e-5)
         monkeypatch.setattr(beam_module, "FROM_LOGITS", True)
+    # the one-kernel path ran (at its steps; the others took two calls)
+    assert bool(calls) == (one_kernel and kernels.compiled() is not None)
 
 
 @pytest.mark.parametrize("options", [{}, {"min_len": 3, "no_repeat_ngram": 2}, {"max_len_b": 2}])
@@ -300,6 +305,9 @@ def test_greedy_search_from_logits_equals_greedy_search_from_log_probs(options, 
     tokens, equal the argmax of the full log-softmax and its value, with every kind of mask."""
     from transduce.search import greedy as greedy_module
 
+    calls = []
+    real = kernels.row_candidates
+    monkeypatch.setattr(kernels, "row_candidates", lambda *a: calls.append(1) or real(*a))
     for seed in range(6):
         model, src = random_model(seed), random_src(seed, n=5)
         kw = {"max_len_a": 1.0, "max_len_b": 6, **options}
@@ -310,6 +318,7 @@ def test_greedy_search_from_logits_equals_greedy_search_from_log_probs(options, 
         assert [h.tokens for h in got] == [h.tokens for h in want]
         for a, b in zip(got, want, strict=True):
             assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+    assert bool(calls) == (kernels.compiled() is not None)  # the kernel path ran
 
 
 def test_beam_step_takes_top_2k_across_beams():

@@ -336,7 +336,7 @@ class MultiHeadAttention(nn.Module):
         if need_weights or (explicit and k.shape[2] <= EXPLICIT_MAX_KEYS):
             out, weights = explicit_attention(q, k, v, mask, is_causal, p)
             weights = weights if need_weights else None
-        elif p == 0.0 and not is_causal and _kernel_attends(q, k, mask):
+        elif p == 0.0 and not is_causal and _kernel_attends(q, k, v, mask):
             b, h, t, d_k = q.shape
             padding = None if mask is None else mask[:, 0, 0]  # (B, S): True at real keys
             out = kernels.attend(q, k, v, padding, d_k**-0.5)  # (B, T, h, d_k): the heads already side by side
@@ -426,13 +426,17 @@ class FeedForward(nn.Module):
 KERNEL_MAX_KEYS = 128
 
 
-def _kernel_attends(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:
+def _kernel_attends(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
     """Whether :meth:`MultiHeadAttention._attend` may use the attention kernel: no gradient wanted, float32 on the
-    CPU with the kernels built, at most :data:`KERNEL_MAX_KEYS` keys, and no mask or a key-padding mask (B, 1, 1, S)
-    (not a causal or any other mask)."""
-    if k.shape[2] > KERNEL_MAX_KEYS or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+    CPU with the kernels built, at most :data:`KERNEL_MAX_KEYS` keys, and no mask or a key-padding mask of exactly
+    (B, 1, 1, S) (not a causal, broadcast or any other mask: those go to SDPA)."""
+    if k.shape[2] > KERNEL_MAX_KEYS:
         return False
-    if mask is not None and not (mask.dim() == 4 and mask.shape[1] == mask.shape[2] == 1 and mask.dtype == torch.bool):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    if mask is not None and not (
+        mask.dtype == torch.bool and mask.shape == (q.shape[0], 1, 1, k.shape[2]) and mask.stride(3) == 1
+    ):  # fmt: skip
         return False
     return kernels.applies(q)
 

@@ -21,8 +21,9 @@ oneDNN runs twice as fast once a product is large enough to pay for its fixed co
 - AVX-512 (an AMD EPYC with AVX512-BF16): 1.65-2.04x at 128 rows (about 100 against 200 GFLOP/s), 1.0-1.5x at
   32, 0.5-0.8x at 4-8 rows, break-even near 400,000 multiply-adds a call; 1.2x on a Multi30k beam search.
 
-So :data:`ONEDNN_LAYERS` is on where PyTorch finds AVX-512, and even then a product of fewer than
-:data:`ONEDNN_MIN_MACS` multiply-adds (rows x inputs x outputs) stays with ``F.linear``.
+So :data:`ONEDNN_LAYERS` is on where PyTorch finds AVX-512 on an AMD CPU (on Intel, MKL's kernels use AVX-512
+as well and the choice is unmeasured: it stays off), and even then a product of fewer than :data:`ONEDNN_MIN_MACS`
+multiply-adds (rows x inputs x outputs) stays with ``F.linear``.
 
 A packed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the weight's version
 counter moves, which every in-place PyTorch operation does, but not fused optimizers
@@ -49,14 +50,27 @@ def _has_onednn_linear() -> bool:
         return False
 
 
+def _cpu_vendor() -> str:
+    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``) from /proc/cpuinfo; "" where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _wide_vectors() -> bool:
-    """Whether PyTorch's CPU kernels (oneDNN's among them) use AVX-512 on this CPU."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+    """Whether oneDNN's fp32 products run with wider vectors than MKL's here: PyTorch uses AVX-512 and the CPU is
+    AMD's (MKL's kernels on AMD stop at AVX2; on Intel they use AVX-512 too, and oneDNN's gain is unmeasured)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and _cpu_vendor() == "AuthenticAMD"
 
 
 ONEDNN = _has_onednn_linear()  # set False to use F.linear (MKL's BLAS) everywhere
-# pack the attention and feed-forward layers too: on where oneDNN uses AVX-512 (faster than MKL there, slower on an
-# AVX2 machine: see above; benchmarks/linear_backends.py, beam_variants.py)
+# pack the attention and feed-forward layers too: on where oneDNN uses AVX-512 and MKL does not (an AMD CPU with
+# AVX-512: faster than MKL there, slower on an AVX2 machine; see above, benchmarks/linear_backends.py)
 ONEDNN_LAYERS = ONEDNN and _wide_vectors()
 ONEDNN_MIN_MACS = 1 << 19  # ... for products of at least this many multiply-adds; smaller ones stay with F.linear
 

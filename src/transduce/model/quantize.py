@@ -5,7 +5,7 @@ quantised once per output channel, and int8 activations quantised per batch at r
 quantisation, fbgemm/x86 kernels); embeddings, LayerNorm and attention itself stay float32. The quantised model
 is for inference only: a copy, the float model is left as it is.
 
-Which layers: on a CPU with VNNI (the int8 dot-product instructions, which PyTorch's int8 kernels use), every
+Which layers: on a CPU with AVX512-VNNI (the int8 dot-product instructions, which PyTorch's int8 kernels use), every
 linear layer; elsewhere, layers with fewer than ``min_weights`` weights (65,536 by default) stay float32, since
 for them int8 is no faster, only less exact. Measured on one thread with ``benchmarks/linear_backends.py``
 (RESULTS_speed.md):
@@ -32,12 +32,14 @@ from torch import nn
 QUANTIZATIONS = ("int8",)
 
 
-def _has_vnni() -> bool:
-    """Whether the CPU has VNNI (AVX512-VNNI or AVX-VNNI), as PyTorch reports it."""
-    return bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
+def default_min_weights() -> int:
+    """The default of :data:`MIN_WEIGHTS` for this CPU: 0 (every layer) where PyTorch reports AVX512-VNNI, else
+    2^16."""
+    vnni = bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
+    return 0 if vnni else 1 << 16
 
 
-MIN_WEIGHTS = 0 if _has_vnni() else 1 << 16  # linear layers with fewer weights stay float32 (see above)
+MIN_WEIGHTS = default_min_weights()  # linear layers with fewer weights stay float32 (see above)
 
 
 def quantize_int8(model: nn.Module, min_weights: int | None = None) -> nn.Module:

@@ -110,7 +110,8 @@ def _norm(norm: nn.Module) -> Norm:
     if isinstance(norm, nn.Identity):
         return lambda x: x
     shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
-    kernel = kernels.compiled() if KERNEL_NORM and kernels.applies(norm.weight) else None
+    applies = KERNEL_NORM and norm.weight is not None and kernels.applies(norm.weight)
+    kernel = kernels.compiled() if applies else None
     if kernel is None or len(shape) != 1:
         return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
     # (under CPU autocast the activations are bf16, which the kernel does not take)
@@ -196,7 +197,7 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         table = column if t == 0 else torch.cat([cache.table, column], dim=1)  # (B, t + 1)
     elif gathered:
         past = cache.self_kv.contiguous().unbind(0) if t > 0 else None  # per layer (2, B', h, t, d_k)
-        order = cache.order
+        order = cache.order.contiguous() if t > 0 and cache.order is not None else None  # (nothing to order at t = 0)
         self_kv = embedding.new_empty(len(weights.layers), 2, rows, heads, t + 1, d_k)  # written by the kernel
     else:
         self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position written below

@@ -20,7 +20,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// e^x for x <= 0; 0 below -87 (where e^x leaves float's normal range) and for -inf. Cody-Waite reduction
+// e^x for x <= 0; 0 below -87 (where e^x leaves float's normal range) and for -inf; NaN for NaN (the vector forms
+// take the max with -87 as max(-87, x), which returns x when x is NaN). Cody-Waite reduction
 // x = n ln2 + r, |r| <= ln2 / 2, and a degree-6 polynomial for e^r (Cephes' expf coefficients), branch-free so
 // that the loops calling it are vectorised. The 8- and 16-wide versions below take the same steps with these
 // constants.
@@ -52,7 +53,7 @@ inline float exp_nonpositive(float x) {
 inline __m256 exp_nonpositive8(__m256 x) {
   const __m256 low = _mm256_set1_ps(kExpLow);
   const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
-  const __m256 xc = _mm256_max_ps(x, low);
+  const __m256 xc = _mm256_max_ps(low, x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), xc);
@@ -91,7 +92,7 @@ inline float horizontal_max(__m256 v) {
 inline __m512 exp_nonpositive16(__m512 x) {
   const __m512 low = _mm512_set1_ps(kExpLow);
   const __mmask16 under = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
-  const __m512 xc = _mm512_max_ps(x, low);
+  const __m512 xc = _mm512_max_ps(low, x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), xc);
