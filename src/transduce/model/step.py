@@ -55,25 +55,26 @@ def _linear(lin: nn.Module, relu: bool = False) -> Linear:
     quantised = _int8_linear(lin, relu)
     if quantised is not None:
         return quantised
+    activation = "relu" if relu else None
     if type(lin) is not nn.Linear:
 
         def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
-            y = packed.project(lin, x, "relu" if relu else None)
-            return y if residual is None else residual + y
+            y = packed.project(lin, x, activation)
+            return y if residual is None else residual + y  # (an unknown layer's output may not be its own)
 
         return call
     w, b, outputs = lin.weight.t(), lin.bias, lin.out_features
 
     def addmm(x: Tensor, residual: Tensor | None = None) -> Tensor:
         if packed.ONEDNN_LAYERS and packed.onednn_size(x, outputs):
-            y = packed.project(lin, x, "relu" if relu else None)
-            return y if residual is None else y.add_(residual)
-        if residual is None:
+            y = packed.project(lin, x, activation)
+        elif residual is not None and not relu:  # the residual added inside the product
+            y = torch.addmm(residual, x, w)
+            return y if b is None else y.add_(b)
+        else:
             y = torch.mm(x, w) if b is None else torch.addmm(b, x, w)
-            return y.relu_() if relu else y
-        y = torch.addmm(residual, x, w)
-        y = y if b is None else y.add_(b)
-        return y.relu_() if relu else y
+            y = y.relu_() if relu else y
+        return y if residual is None else y.add_(residual)
 
     return addmm
 

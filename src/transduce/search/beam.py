@@ -24,13 +24,12 @@ from transduce.model import kernels
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
+    RowCandidates,
     SearchModel,
-    always_masked,
     check_length_penalty,
     constrain,
     final_score,
     gc_paused,
-    masks_rows_alike,
     max_lengths,
     next_token_log_probs,
 )
@@ -240,8 +239,7 @@ def beam_search(
     tokens_in = bos[:n]
     row_limit = limit
     beam_offsets = torch.arange(2 * beam, device=device)
-    # the tokens masked in every row: [from min_len on, before it]
-    masked_ids = [torch.tensor(always_masked(cfg, m, min_len), device=device) for m in (min_len, 0)]
+    one_pass = RowCandidates(cfg, min_len, device)
 
     step = 0
     while True:
@@ -252,17 +250,16 @@ def beam_search(
         m = alive.shape[0]
         last = logits[:, -1]  # (rows, V)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
-        if FROM_LOGITS and kernels.applies(last) and last.is_contiguous():
-            if ROW_CANDIDATES and masks_rows_alike(step, **limits):  # the usual step: one kernel, a row at a time
-                masked = masked_ids[step < min_len]
-                normaliser, values, tokens = kernels.row_candidates(last, min(2 * beam, last.shape[1]), masked)
-                cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
-                    values, tokens, normaliser, scores, 2 * beam
-                )  # fmt: skip
-            else:
-                normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
-                constrain(last, step, **limits)
-                cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
+        found = one_pass(last, 2 * beam, step, limits) if FROM_LOGITS and ROW_CANDIDATES else None
+        if found is not None:  # the usual step: one kernel, a row at a time
+            normaliser, values, tokens = found
+            cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
+                values, tokens, normaliser, scores, 2 * beam
+            )
+        elif FROM_LOGITS and kernels.applies(last) and last.is_contiguous():
+            normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
+            constrain(last, step, **limits)
+            cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
         else:
             log_probs = constrain(next_token_log_probs(logits), step, **limits)  # (rows, V)
             total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place

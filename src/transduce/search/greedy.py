@@ -9,17 +9,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.model import kernels
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
+    RowCandidates,
     SearchModel,
-    always_masked,
     check_length_penalty,
     constrain,
     final_score,
     gc_paused,
-    masks_rows_alike,
     max_lengths,
     next_token_log_probs,
 )
@@ -63,18 +61,15 @@ def _decode_rows(
     log_prob = torch.zeros(rows, dtype=torch.float64, device=device)
     tokens_in = torch.full((rows, 1), cfg.bos_id, dtype=torch.long, device=device)
     out: list[Hypothesis | None] = [None] * rows
-    # the tokens masked in every row: [from min_len on, before it]
-    masked_ids = [torch.tensor(always_masked(cfg, m, min_len), device=device) for m in (min_len, 0)]
+    one_pass = RowCandidates(cfg, min_len, device)
     step = 0
     while True:
         logits, cache = model.decode(tokens_in, memory, cache)
         last = logits[:, -1]  # (R, V)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
-        if (
-            pick is None and FROM_LOGITS and kernels.applies(last) and last.is_contiguous()
-            and masks_rows_alike(step, **limits)
-        ):  # fmt: skip
-            normaliser, best, token = kernels.row_candidates(last, 1, masked_ids[step < min_len])
+        found = one_pass(last, 1, step, limits) if pick is None and FROM_LOGITS else None
+        if found is not None:
+            normaliser, best, token = found
             chosen, chosen_lp = token[:, 0], best[:, 0] - normaliser  # (R,)
         else:
             log_probs = constrain(next_token_log_probs(logits), step, **limits)
