@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 KERNELS = os.environ.get("TRANSDUCE_KERNELS", "1") != "0"  # False: PyTorch's operations only
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp")
+SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp")
 HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
 
 _lock = threading.Lock()
@@ -64,6 +64,8 @@ def _arch_flags() -> tuple[str, list[str]]:
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX512" and getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
         bf16 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mprefer-vector-width=256"]
+        if getattr(torch.cpu, "_is_vnni_supported", lambda: False)():  # int8.cpp's products
+            return "avx512bf16_vnni", ["-mavx2", "-mfma", *bf16, "-mavx512vnni"]
         return "avx512bf16", ["-mavx2", "-mfma", *bf16]
     if capability in ("AVX2", "AVX512"):
         return "avx2", ["-mavx2", "-mfma"]

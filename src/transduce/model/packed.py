@@ -41,6 +41,9 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+from transduce.model import quantize
 
 
 def _has_onednn_linear() -> bool:
@@ -112,6 +115,8 @@ def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, outp
         ONEDNN and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
         and x.dtype == torch.float32 and (output or (ONEDNN_LAYERS and onednn_size(x, linear.out_features)))
     )  # fmt: skip
+    if type(linear) is DynamicLinear:  # a quantised layer: transduce's int8 kernel where it applies
+        return quantize.int8_project(linear, x, relu=activation == "relu")
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
         y = linear(x)  # (the oneDNN op has no backward)
         return y if activation is None else FUSED[activation](y)

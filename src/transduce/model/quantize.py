@@ -19,15 +19,27 @@ for them int8 is no faster, only less exact. Measured on one thread with ``bench
 
     from transduce.model.quantize import quantize_int8
     fast = quantize_int8(model)        # or Translator.load(path, quantize="int8"), transduce translate --int8
+
+How the quantised layers run: on a CPU with AVX512-VNNI (where transduce's kernels are built with it),
+:func:`int8_project` runs each layer through transduce's own product (``csrc/int8.cpp``) on the same int8 weights,
+with each row of the input quantised with its own scale and zero point; elsewhere (and with :data:`VNNI_KERNEL`
+False) through PyTorch's operation (fbgemm), which quantises the whole input with one scale. The kernel is 2-6x
+faster than fbgemm's call on the Multi30k model's products (fbgemm costs 10-15 us a call whatever the size) and
+more exact; and a row's output does not depend on the other rows of its batch. Measured with
+``benchmarks/linear_backends.py`` (RESULTS_speed.md).
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+
+from transduce.model import kernels
 
 QUANTIZATIONS = ("int8",)
 
@@ -40,6 +52,8 @@ def default_min_weights() -> int:
 
 
 MIN_WEIGHTS = default_min_weights()  # linear layers with fewer weights stay float32 (see above)
+VNNI_KERNEL = True  # set False to run the quantised layers through PyTorch's int8 operation (fbgemm) everywhere
+LANES = 16  # output channels per block of the kernel's weight layout (one 512-bit vector of int32)
 
 
 def quantize_int8(model: nn.Module, min_weights: int | None = None) -> nn.Module:
@@ -58,3 +72,101 @@ def quantize_int8(model: nn.Module, min_weights: int | None = None) -> nn.Module
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         return quantize_dynamic(q, dict.fromkeys(names, per_channel_dynamic_qconfig), dtype=torch.qint8, inplace=True)
+
+
+@dataclass(frozen=True)
+class PackedInt8:
+    """A quantised layer's weight in the order of ``csrc/int8.cpp``'s product (:func:`pack_weight`)."""
+
+    weight: Tensor  # (ceil(N / 16), ceil(K / 4), 64) int8
+    scales: Tensor  # (16 ceil(N / 16),) float32: each output channel's scale, 0 in the padding
+    sums: Tensor  # (16 ceil(N / 16),) float32: sum over k of the int8 weights of each output channel
+    bias: Tensor | None  # (N,) float32
+    outputs: int  # N
+    source: object  # the layer's packed parameters this was made from (rebuilt when the layer gets new ones)
+
+
+def pack_weight(weight: Tensor, scales: Tensor, bias: Tensor | None = None, source: object = None) -> PackedInt8:
+    """An int8 weight (N, K) with one scale per output channel (N,) in the kernel's layout: for each block of 16
+    output channels, for each group of 4 inputs, the 16 x 4 bytes that one VPDPBUSD instruction multiplies (zero
+    padded to whole blocks and groups)."""
+    n, k = weight.shape
+    blocks, groups = -(-n // LANES), -(-k // 4)
+    padded = weight.new_zeros(blocks * LANES, groups * 4)
+    padded[:n, :k] = weight
+    packed = padded.view(blocks, LANES, groups, 4).permute(0, 2, 1, 3).reshape(blocks, groups, 4 * LANES)
+    channel_scales = torch.zeros(blocks * LANES)
+    channel_scales[:n] = scales.float()
+    sums = torch.zeros(blocks * LANES)
+    sums[:n] = weight.sum(1, dtype=torch.int32).float()
+    bias = None if bias is None else bias.detach().float().contiguous()
+    return PackedInt8(packed.contiguous(), channel_scales, sums, bias, n, source)
+
+
+def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
+    """The kernel's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer;
+    None where the kernel does not take the layer (weights that are not symmetric int8, per channel or per tensor)."""
+    params = linear._packed_params._packed_params
+    cached = getattr(linear, "_transduce_int8", None)
+    if cached is not None and cached.source is params:
+        return cached
+    if linear._packed_params.dtype != torch.qint8:
+        return None
+    weight = linear.weight()
+    if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        scales, zeros = weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
+    elif weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        scales = torch.full((weight.shape[0],), weight.q_scale(), dtype=torch.float64)
+        zeros = torch.tensor([weight.q_zero_point()])
+    else:
+        return None
+    if bool(zeros.ne(0).any()):
+        return None
+    packed = pack_weight(weight.int_repr(), scales, linear.bias(), params)
+    linear._transduce_int8 = packed
+    return packed
+
+
+def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor]:
+    """A dynamically quantised int8 layer (``torch.ao.nn.quantized.dynamic.Linear``) as a function of ``(x,
+    residual=None)``: ``linear(x)``, then a ReLU when ``relu``, then plus ``residual`` when one is given. Through
+    transduce's VNNI kernel where it applies (:data:`VNNI_KERNEL` set, the kernels built with VNNI, symmetric int8
+    weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the layer's
+    ``forward`` calls it. The decoding step makes these once per search (the checks are done here, not per call)."""
+    params = linear._packed_params._packed_params
+    quantised = linear._packed_params.dtype == torch.qint8
+    reduce_range = not (linear.version is None or linear.version < 4)  # as DynamicLinear.forward
+    op = torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
+
+    def torch_op(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if quantised:
+            y = op(x, params, reduce_range=reduce_range)
+        else:  # float16 weights
+            y = linear(x)
+            y = y.relu_() if relu else y
+        return y if residual is None else y.add_(residual)
+
+    module = kernels.compiled() if VNNI_KERNEL and quantised else None
+    packed = _packed_int8(linear) if hasattr(module, "int8_linear") else None  # (built only with VNNI)
+    if packed is None:
+        return torch_op
+    product, weight, scales, sums, bias, outputs = (
+        module.int8_linear, packed.weight, packed.scales, packed.sums, packed.bias, packed.outputs
+    )  # fmt: skip
+
+    def vnni(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            return torch_op(x, residual)
+        if x.dim() == 2 and x.stride(1) == 1 and (residual is None or residual.stride(-1) == 1):
+            return product(x, weight, scales, sums, bias, residual, relu, outputs)
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1]).contiguous()
+        res = None if residual is None else residual.reshape(-1, outputs).contiguous()
+        return product(rows, weight, scales, sums, bias, res, relu, outputs).view(*shape[:-1], outputs)
+
+    return vnni
+
+
+def int8_project(linear: nn.Module, x: Tensor, relu: bool = False, residual: Tensor | None = None) -> Tensor:
+    """:func:`int8_function` of ``linear`` applied to ``x`` (and ``residual``)."""
+    return int8_function(linear, relu)(x, residual)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transduce.model import kernels, packed
+from transduce.model import kernels, packed, quantize
 from transduce.model.cache import DecoderCache
 
 FAST_STEP = True  # set False to run every decoding step through the decoder's modules
@@ -81,21 +81,15 @@ def _linear(lin: nn.Module, relu: bool = False) -> Linear:
 
 def _int8_linear(lin: nn.Module, relu: bool) -> Linear | None:
     """A dynamically quantised int8 linear layer (``torch.ao.nn.quantized.dynamic.Linear``, what
-    :func:`~transduce.model.quantize.quantize_int8` makes) as the operation its ``forward`` calls, with the same
-    arguments (float32 in and out), and the ReLU fused into it when ``relu``; None for any other layer."""
+    :func:`~transduce.model.quantize.quantize_int8` makes) as :func:`~transduce.model.quantize.int8_function`
+    (transduce's VNNI kernel, or the operation the layer's ``forward`` calls), the ReLU and the residual fused
+    into it; None for any other layer (float16 ones included)."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
     if type(lin) is not DynamicLinear or lin._packed_params.dtype != torch.qint8:
         return None
-    params = lin._packed_params._packed_params
-    reduce_range = not (lin.version is None or lin.version < 4)  # as DynamicLinear.forward
-    op = torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
 
-    def int8(x: Tensor, residual: Tensor | None = None) -> Tensor:
-        y = op(x, params, reduce_range=reduce_range)
-        return y if residual is None else y.add_(residual)
-
-    return int8
+    return quantize.int8_function(lin, relu)
 
 
 def _output(lin: nn.Module) -> Callable[[Tensor], Tensor]:

@@ -1,0 +1,234 @@
+// int8 linear layers for CPU inference with AVX512-VNNI: transduce.model.kernels builds this file together with
+// decoding.cpp (one extension module; decoding.cpp's module definition calls register_int8). Without VNNI at
+// compile time the file defines nothing, and transduce.model.quantize uses PyTorch's int8 operation (fbgemm).
+//
+// int8_linear: y = x W^T + b for float32 rows x (M, K) and a weight quantised to int8 once per output channel
+// (w[n, k] = scale[n] * wq[n, k]), as torch.ao's dynamically quantised Linear holds it. Each row of x is
+// quantised at run time to uint8 with its own scale and zero point (x[m, k] ~ s[m] * (xq[m, k] - z[m]), its range
+// widened to hold 0), the products are summed exactly in int32 by VPDPBUSD (four uint8 x int8 products a lane,
+// no intermediate saturation), and then
+//     y[m, n] = s[m] * scale[n] * (sum_k xq[m, k] wq[n, k] - z[m] * sum_k wq[n, k]) + b[n]
+// in float32, with the ReLU and a residual added in the same pass where asked.
+//
+// Why: fbgemm's dynamic int8 linear (quantized::linear_dynamic) costs 10-15 us a call whatever its size (a
+// tensor-wide min and max, a quantised copy, a packed copy with row offsets, the product, the output): on the
+// Multi30k model's (128 x 128) x (128 x 128) products that is most of the call. Here the quantisation is one pass
+// over x into a small buffer and the rest is the product; per-row scales are also more exact than fbgemm's one
+// scale per call (a row with small values keeps its precision).
+//
+// The weight is stored in VPDPBUSD's order: for each block of 16 output channels, for each group of 4 inputs, the
+// 16 x 4 bytes that one instruction multiplies (int8_pack_weight in transduce.model.quantize builds it).
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define TRANSDUCE_VNNI 1
+#endif
+
+#ifdef TRANSDUCE_VNNI
+namespace {
+
+constexpr int kLanes = 16;  // output channels per vector (int32 / float32 lanes)
+constexpr int kTileRows = 8, kTileVectors = 3;  // a tile of the product: 8 rows x 48 outputs in 24 accumulators
+
+// Row m of x (K floats) to uint8 with its scale and zero point: x ~ s * (q - z), q in [0, 255]; the range is
+// widened to hold 0 (so z is a whole number in [0, 255] and 0 is exact). A row of zeros gets s = 1, z = 0. The
+// padding bytes K .. Kp stay 0 (their weights are 0).
+inline void quantize_row(const float* x, int64_t K, uint8_t* q, float* scale, float* zero) {
+  __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    lo = _mm512_min_ps(lo, v);
+    hi = _mm512_max_ps(hi, v);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (K - k)) - 1u);
+  if (tail) {
+    const __m512 v = _mm512_maskz_loadu_ps(tail, x + k);  // (zeros in the masked lanes: inside [lo, hi] already)
+    lo = _mm512_min_ps(lo, v);
+    hi = _mm512_max_ps(hi, v);
+  }
+  const float mn = _mm512_reduce_min_ps(lo), mx = _mm512_reduce_max_ps(hi);
+  float s = (mx - mn) / 255.0f;
+  if (!(s > 0.0f) || !std::isfinite(s)) s = 1.0f;  // all zeros (NaN or inf: garbage in, garbage out, no UB)
+  const float z = std::nearbyint(-mn / s);
+  *scale = s;
+  *zero = z;
+  const __m512 inv = _mm512_set1_ps(1.0f / s), zv = _mm512_set1_ps(z);
+  const __m512 top = _mm512_set1_ps(255.0f), bottom = _mm512_setzero_ps();
+  for (k = 0; k + kLanes <= K; k += kLanes) {
+    __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), inv, zv);
+    v = _mm512_min_ps(_mm512_max_ps(v, bottom), top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  if (tail) {
+    __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, x + k), inv, zv);
+    v = _mm512_min_ps(_mm512_max_ps(v, bottom), top);
+    _mm_mask_storeu_epi8(q + k, tail, _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+}
+
+// acc += the four products of xv's and w's bytes in each lane, in place. (GCC 12 compiles the intrinsic
+// _mm512_dpbusd_epi32 in a loop over a tile's accumulators into a register copy per instruction and spills them;
+// with the accumulator an in-out operand the tile stays in registers: 1.5-2x faster.)
+inline void dpbusd(__m512i& acc, __m512i xv, __m512i w) {
+  asm("vpdpbusd %[w], %[x], %[acc]" : [acc] "+v"(acc) : [x] "v"(xv), [w] "v"(w));
+}
+
+struct Product {
+  const uint8_t* xq;  // (M, Kp) quantised rows
+  const float* xs;    // (M,) their scales
+  const float* xz;    // (M,) their zero points
+  const int8_t* w;    // (Nv, Kq, 16, 4)
+  const float* ws;    // (Nv * 16,) weight scales, 0 in the padding
+  const float* wsum;  // (Nv * 16,) sum_k wq[n, k]
+  const float* bias;  // (N,) or nullptr
+  const float* res;   // residual rows or nullptr
+  float* y;
+  int64_t Kq, Kp, N, y_row, res_row;
+  bool relu;
+};
+
+// Rows m0 .. m0 + R and output vectors j0 .. j0 + C of the product, R x C accumulators in registers.
+template <int R, int C>
+void tile(const Product& p, int64_t m0, int64_t j0) {
+  __m512i acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+  const uint8_t* x = p.xq + m0 * p.Kp;
+  const int8_t* w = p.w + j0 * p.Kq * 64;
+  for (int64_t g = 0; g < p.Kq; ++g) {
+    __m512i wv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_si512(w + (c * p.Kq + g) * 64);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, x + r * p.Kp + 4 * g, 4);
+      const __m512i xv = _mm512_set1_epi32(four);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) dpbusd(acc[r][c], xv, wv[c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < C; ++c) {
+    const int64_t n0 = (j0 + c) * kLanes;
+    if (n0 >= p.N) break;
+    const __mmask16 mask = p.N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF)
+                                              : static_cast<__mmask16>((1u << (p.N - n0)) - 1u);
+    const __m512 ws = _mm512_loadu_ps(p.ws + n0), wsum = _mm512_loadu_ps(p.wsum + n0);
+    const __m512 b = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int64_t m = m0 + r;
+      // s * scale * (acc - z * wsum) + b
+      __m512 v = _mm512_fnmadd_ps(_mm512_set1_ps(p.xz[m]), wsum, _mm512_cvtepi32_ps(acc[r][c]));
+      v = _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
+      if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
+      _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
+    }
+  }
+}
+
+template <int C>
+void rows_tile(const Product& p, int64_t m0, int64_t rows, int64_t j0) {
+  switch (rows) {
+    case 8: tile<8, C>(p, m0, j0); break;
+    case 7: tile<7, C>(p, m0, j0); break;
+    case 6: tile<6, C>(p, m0, j0); break;
+    case 5: tile<5, C>(p, m0, j0); break;
+    case 4: tile<4, C>(p, m0, j0); break;
+    case 3: tile<3, C>(p, m0, j0); break;
+    case 2: tile<2, C>(p, m0, j0); break;
+    default: tile<1, C>(p, m0, j0); break;
+  }
+}
+
+void check(const torch::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == dims,
+              "int8_linear: ", name, " must be a ", dims, "-D ", c10::toString(type), " CPU tensor, got ",
+              t.dim(), "-D ", t.scalar_type(), " on ", t.device());
+}
+
+}  // namespace
+
+// x: (M, K) float32 with dense rows; weight: (Nv, Kq, 64) int8 from int8_pack_weight; scales, sums: (Nv * 16,)
+// float32; bias: (N,) float32 or None; residual: (M, N) float32 with dense rows or None. Returns (M, N) float32.
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
+                          const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
+                          const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
+  check(x, "x", at::kFloat, 2);
+  check(weight, "weight", at::kChar, 3);
+  check(scales, "scales", at::kFloat, 1);
+  check(sums, "sums", at::kFloat, 1);
+  TORCH_CHECK(x.stride(1) == 1, "int8_linear: x's rows must be dense");
+  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64, "int8_linear: weight must be contiguous (Nv, Kq, 64)");
+  const int64_t M = x.size(0), K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
+  TORCH_CHECK(Kq == (K + 3) / 4, "int8_linear: x has ", K, " inputs, the weight ", Kp, " (padded to 4)");
+  TORCH_CHECK(N > 0 && Nv == (N + kLanes - 1) / kLanes, "int8_linear: ", N, " outputs, the weight holds ",
+              Nv * kLanes, " (padded to 16)");
+  TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
+                  sums.size(0) == Nv * kLanes,
+              "int8_linear: scales and sums must be contiguous (", Nv * kLanes, ",)");
+  const float* bd = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    check(*bias, "bias", at::kFloat, 1);
+    TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, "int8_linear: bias must be contiguous (", N, ",)");
+    bd = bias->data_ptr<float>();
+  }
+  const float* rd = nullptr;
+  int64_t res_row = 0;
+  if (residual.has_value() && residual->defined()) {
+    check(*residual, "residual", at::kFloat, 2);
+    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
+                "int8_linear: residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
+    rd = residual->data_ptr<float>();
+    res_row = residual->stride(0);
+  }
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  std::vector<uint8_t> xq(static_cast<size_t>(M * Kp), 0);
+  std::vector<float> xs(M), xz(M);
+  const float* xd = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quantize_row(xd + m * x.stride(0), K, xq.data() + m * Kp, &xs[m], &xz[m]);
+  const Product p{xq.data(), xs.data(), xz.data(), weight.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                  sums.data_ptr<float>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N, res_row, relu};
+  // the threads take blocks of output vectors (each block's weights stay in its core's cache over all rows)
+  const int64_t blocks = (Nv + kTileVectors - 1) / kTileVectors;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, M * Kp * kTileVectors * kLanes));
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t j0 = b * kTileVectors, vectors = std::min<int64_t>(kTileVectors, Nv - j0);
+      for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, M - m0);
+        if (vectors == 3) rows_tile<3>(p, m0, rows, j0);
+        else if (vectors == 2) rows_tile<2>(p, m0, rows, j0);
+        else rows_tile<1>(p, m0, rows, j0);
+      }
+    }
+  });
+  return y;
+}
+
+void register_int8(pybind11::module_& m) {
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("int8_linear", &int8_linear, "x W^T + b with W in int8 and x quantised per row (AVX512-VNNI)",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("sums"),
+        pybind11::arg("bias"), pybind11::arg("residual"), pybind11::arg("relu"), pybind11::arg("outputs"),
+        release());
+}
+#else
+void register_int8(pybind11::module_&) {}  // no VNNI: quantize.py falls back to PyTorch's int8 operation
+#endif

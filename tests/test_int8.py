@@ -1,0 +1,203 @@
+"""transduce's int8 product for quantised layers (csrc/int8.cpp, transduce.model.quantize.int8_function): the
+weight layout, exact sums on inputs that quantise exactly, the error bound of per-row quantisation, rows that do not
+depend on each other, the fallback to PyTorch's operation, and the checks' messages."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from transduce.model import kernels, packed, quantize
+from transduce.model.quantize import int8_function, pack_weight, quantize_int8
+
+DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
+
+
+def _has_vnni_kernel() -> bool:
+    if os.environ.get("TRANSDUCE_KERNELS", "1") == "0":
+        return False
+    return hasattr(kernels.compiled(), "int8_linear")
+
+
+needs_vnni = pytest.mark.skipif(
+    not _has_vnni_kernel(), reason="the int8 kernel is built only for CPUs with AVX512-VNNI (and kernels on)"
+)
+
+
+def test_the_int8_kernel_is_built_where_the_cpu_has_vnni():
+    """Where PyTorch reports AVX512-VNNI (and AVX-512), the kernels must be built with the int8 product."""
+    vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    if os.environ.get("TRANSDUCE_KERNELS", "1") == "0" or not (vnni and avx512 and bf16):
+        pytest.skip("no AVX512-VNNI with AVX512-BF16 here (or kernels off): the int8 kernel is not built")
+    assert _has_vnni_kernel()
+
+
+def test_pack_weight_puts_each_vpdpbusd_operand_together():
+    """Block j, group g, byte 4c + i holds w[16j + c, 4g + i]; padding rows and inputs are 0."""
+    n, k = 19, 6
+    w = torch.arange(n * k, dtype=torch.int16).remainder(251).sub(125).to(torch.int8).view(n, k)
+    scales = torch.linspace(0.1, 1.0, n)
+    p = pack_weight(w, scales, bias=torch.ones(n))
+    assert p.weight.shape == (2, 2, 64) and p.weight.dtype == torch.int8 and p.outputs == n
+    for j in range(2):
+        for g in range(2):
+            for c in range(16):
+                for i in range(4):
+                    row, col = 16 * j + c, 4 * g + i
+                    expected = int(w[row, col]) if row < n and col < k else 0
+                    assert int(p.weight[j, g, 4 * c + i]) == expected
+    assert torch.equal(p.scales[:n], scales) and not p.scales[n:].any()
+    assert torch.equal(p.sums[:n], w.sum(1, dtype=torch.int32).float()) and not p.sums[n:].any()
+
+
+def _exact_rows(m: int, k: int, seed: int) -> torch.Tensor:
+    """Rows of whole numbers each spanning exactly 255 (its minimum lo <= 0 and lo + 255 in it): each row's
+    scale is 1 and its zero point -lo, so the quantisation is exact."""
+    g = torch.Generator().manual_seed(seed)
+    lo = -torch.randint(0, 256, (m, 1), generator=g)
+    x = lo + torch.randint(0, 256, (m, k), generator=g)
+    x[:, 0], x[:, -1] = lo[:, 0], lo[:, 0] + 255
+    return x.float()
+
+
+@needs_vnni
+@pytest.mark.parametrize("m, k, n", [(1, 4, 16), (9, 130, 77), (37, 128, 384), (8, 3, 50), (17, 256, 128)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kernel_sums_exactly_when_the_rows_quantise_exactly(m, k, n, bias):
+    """Tails of rows (tiles of 8), outputs (blocks of 48 and vectors of 16) and inputs (groups of 4): the integer
+    sums are exact, so the result is scale * sum + bias to float rounding."""
+    g = torch.Generator().manual_seed(m * n + k)
+    w = torch.randint(-128, 128, (n, k), generator=g).to(torch.int8)
+    scales = torch.rand(n, generator=g) * 0.01 + 0.001
+    b = torch.randn(n, generator=g) if bias else None
+    x = _exact_rows(m, k, seed=k)
+    p = pack_weight(w, scales, b)
+    y = kernels.compiled().int8_linear(x, p.weight, p.scales, p.sums, p.bias, None, False, n)
+    expected = (x.double() @ w.double().t()) * scales.double()
+    expected = expected if b is None else expected + b.double()
+    torch.testing.assert_close(y.double(), expected, rtol=1e-6, atol=1e-5)
+
+
+def _quantised_linear(k: int, n: int, seed: int) -> tuple[nn.Linear, DynamicLinear]:
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = quantize_int8(nn.Sequential(lin), min_weights=0)[0]
+    return lin, q
+
+
+def _dequantised(q: DynamicLinear) -> torch.Tensor:
+    return q.weight().dequantize()
+
+
+@needs_vnni
+@pytest.mark.parametrize("m, k, n", [(128, 128, 384), (5, 33, 20), (64, 256, 128)])
+def test_error_is_within_half_a_step_of_each_rows_quantisation(m, k, n):
+    """Against x W^T + b with the dequantised weight: each input is off by at most half its row's step s, so each
+    output by at most s/2 * sum_k |W[n, k]| (plus float rounding)."""
+    _, q = _quantised_linear(k, n, seed=k + n)
+    x = torch.randn(m, k) * torch.rand(m, 1) * 4  # rows of different sizes
+    x[0] = x[0].abs()  # a row of positive values (a ReLU's output): its range still holds 0
+    w = _dequantised(q)
+    y = int8_function(q)(x)
+    exact = x.double() @ w.double().t() + q.bias().double()
+    lo, hi = x.min(1).values.clamp(max=0), x.max(1).values.clamp(min=0)
+    step = (hi - lo) / 255
+    bound = step.double()[:, None] / 2 * w.abs().sum(1).double()[None, :] + 1e-5
+    assert ((y.double() - exact).abs() <= bound).all()
+    # and it is closer than fbgemm's (one scale for the whole input) on rows of different sizes
+    fbgemm = torch.ops.quantized.linear_dynamic(x, q._packed_params._packed_params, reduce_range=True)
+    assert (y.double() - exact).abs().mean() < (fbgemm.double() - exact).abs().mean()
+
+
+@needs_vnni
+def test_rows_do_not_depend_on_each_other():
+    """Each row is quantised on its own: a row's output is the same alone or among others (bit for bit)."""
+    _, q = _quantised_linear(128, 200, seed=3)
+    x = torch.randn(21, 128)
+    x[7] *= 100  # a row with large values would set fbgemm's one scale for all
+    f = int8_function(q)
+    together = f(x)
+    for i in (0, 7, 8, 20):
+        assert torch.equal(f(x[i : i + 1]), together[i : i + 1])
+
+
+@needs_vnni
+def test_relu_residual_bias_and_zero_rows():
+    """The ReLU applies before the residual is added; a row of zeros gives the bias exactly."""
+    _, q = _quantised_linear(64, 40, seed=5)
+    x = torch.randn(10, 64)
+    x[3] = 0
+    residual = torch.randn(10, 40)
+    f, relu = int8_function(q), int8_function(q, relu=True)
+    y = f(x)
+    assert torch.equal(y[3], q.bias())
+    assert torch.equal(relu(x), y.clamp(min=0))
+    torch.testing.assert_close(relu(x, residual), y.clamp(min=0) + residual, rtol=0, atol=1e-6)
+    # 3-D inputs and a residual with strided rows
+    wide = torch.randn(10, 80)[:, :40]
+    torch.testing.assert_close(f(x.view(2, 5, 64), wide.reshape(2, 5, 40)), (y + wide).view(2, 5, 40))
+
+
+@needs_vnni
+def test_layers_without_bias_and_with_per_tensor_weights():
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 24, bias=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_tensor = torch.ao.quantization.quantize_dynamic(
+            nn.Sequential(lin), {nn.Linear: torch.ao.quantization.default_dynamic_qconfig}, dtype=torch.qint8
+        )[0]
+    assert per_tensor.weight().qscheme() == torch.per_tensor_affine
+    x = torch.randn(6, 32)
+    y = int8_function(per_tensor)(x)
+    assert getattr(per_tensor, "_transduce_int8", None) is not None  # the kernel ran on it
+    exact = x @ per_tensor.weight().dequantize().t()
+    torch.testing.assert_close(y, exact, atol=0.02, rtol=0)
+
+
+@needs_vnni
+def test_the_kernel_is_used_by_project_and_the_flag_turns_it_off(monkeypatch):
+    """packed.project (the encoder's layers) and the step both reach the kernel; with VNNI_KERNEL off, the layer's
+    own forward (fbgemm) runs, bit for bit."""
+    _, q = _quantised_linear(128, 64, seed=9)
+    x = torch.randn(3, 7, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(packed.project(q, x), int8_function(q)(x), rtol=0, atol=0)
+        monkeypatch.setattr(quantize, "VNNI_KERNEL", False)
+        assert torch.equal(packed.project(q, x), q(x))
+        assert torch.equal(packed.project(q, x, "relu"), q(x).relu())
+
+
+@needs_vnni
+def test_a_layer_given_new_weights_is_packed_again():
+    lin, q = _quantised_linear(16, 16, seed=11)
+    x = torch.randn(4, 16)
+    before = int8_function(q)(x)
+    zeros = torch.zeros(16, dtype=torch.long)
+    negated = torch.quantize_per_channel(-lin.weight.detach(), torch.full((16,), 0.01), zeros, 0, torch.qint8)
+    q.set_weight_bias(negated, None)
+    after = int8_function(q)(x)
+    torch.testing.assert_close(after, x @ negated.dequantize().t(), atol=0.05, rtol=0)
+    assert not torch.allclose(before, after, atol=0.05)
+
+
+@needs_vnni
+def test_kernel_checks_name_the_argument():
+    p = pack_weight(torch.ones(16, 8, dtype=torch.int8), torch.ones(16))
+    k8 = kernels.compiled()
+    with pytest.raises(RuntimeError, match=r"int8_linear: x has 12 inputs, the weight 8 \(padded to 4\)"):
+        k8.int8_linear(torch.ones(2, 12), p.weight, p.scales, p.sums, None, None, False, 16)
+    with pytest.raises(RuntimeError, match=r"int8_linear: 40 outputs, the weight holds 16 \(padded to 16\)"):
+        k8.int8_linear(torch.ones(2, 8), p.weight, p.scales, p.sums, None, None, False, 40)
+    with pytest.raises(RuntimeError, match=r"int8_linear: residual must be \(2, 16\) with dense rows"):
+        k8.int8_linear(torch.ones(2, 8), p.weight, p.scales, p.sums, None, torch.ones(3, 16), False, 16)
+    with pytest.raises(RuntimeError, match=r"int8_linear: x must be a 2-D Float CPU tensor, got 2-D Double"):
+        k8.int8_linear(torch.ones(2, 8, dtype=torch.float64), p.weight, p.scales, p.sums, None, None, False, 16)
