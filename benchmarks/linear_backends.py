@@ -1,6 +1,7 @@
 """The linear layers of a decoding step, through MKL's BLAS (``F.linear``), through oneDNN with the weight packed
 once (``transduce.model.packed.project``) and with dynamic int8 quantisation (``transduce.model.quantize``, every
-layer whatever its size), side by side: time per call and GFLOP/s by layer shape and row count.
+layer whatever its size) through PyTorch's operation (fbgemm) and through transduce's VNNI kernel (where the CPU
+has AVX512-VNNI), side by side: time per call and GFLOP/s by layer shape and row count.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/linear_backends.py \\
         --preset tiny --rows 4,32,128 --threads 1
@@ -13,6 +14,7 @@ for a vocabulary of ``--vocab``. A beam-4 search of 32 sentences runs 128 rows a
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -21,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from transduce.config import ModelConfig
-from transduce.model import packed
-from transduce.model.quantize import quantize_int8
+from transduce.model import kernels, packed
+from transduce.model.quantize import int8_function, quantize_int8
 
 
 def per_call(fns: list, reps: int) -> list[float]:
@@ -62,8 +64,10 @@ def main() -> None:
               ("pre-softmax projection", d, args.vocab, None)]  # fmt: skip
     print(f"torch {torch.__version__}, {args.threads} thread(s); preset {args.preset} (d_model {d}, d_ff {f}); "
           f"median of {args.reps}\n")  # fmt: skip
-    print("| layer | rows | F.linear, us | GFLOP/s | oneDNN packed, us | speed-up | dynamic int8, us | speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+    vnni = hasattr(kernels.compiled(), "int8_linear")
+    print("| layer | rows | F.linear, us | GFLOP/s | oneDNN packed, us | speed-up | fbgemm int8, us | speed-up |"
+          + (" transduce int8, us | speed-up | vs fbgemm |" if vnni else ""))  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if vnni else ""))
     torch.manual_seed(0)
     with torch.inference_mode():
         for name, n_in, n_out, act in shapes:
@@ -80,15 +84,23 @@ def main() -> None:
                     return packed.project(lin, x, act, output=True)  # (output=True: oneDNN for any layer)
 
                 def dynamic_int8(int8=int8, x=x, act=act):
-                    y = int8(x)
+                    y = int8(x)  # the layer's forward: PyTorch's int8 operation (fbgemm)
                     return F.relu(y) if act else y
 
                 torch.testing.assert_close(onednn(), plain(), atol=1e-4, rtol=1e-4)
-                t_plain, t_packed, t_int8 = per_call([plain, onednn, dynamic_int8], args.reps)
+                fns = [plain, onednn, dynamic_int8]
+                if vnni:
+                    fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
+                    torch.testing.assert_close(fns[-1]()[:, None], dynamic_int8(), atol=0.1, rtol=0.1)
+                times = per_call(fns, args.reps)
+                t_plain, t_packed, t_int8 = times[:3]
                 flop = 2 * rows * n_in * n_out
-                print(f"| {name} | {rows} | {t_plain * 1e6:.1f} | {flop / t_plain / 1e9:.1f} | "
-                      f"{t_packed * 1e6:.1f} | {t_plain / t_packed:.2f}x | {t_int8 * 1e6:.1f} | "
-                      f"{t_plain / t_int8:.2f}x |")  # fmt: skip
+                line = (f"| {name} | {rows} | {t_plain * 1e6:.1f} | {flop / t_plain / 1e9:.1f} | "
+                        f"{t_packed * 1e6:.1f} | {t_plain / t_packed:.2f}x | {t_int8 * 1e6:.1f} | "
+                        f"{t_plain / t_int8:.2f}x |")  # fmt: skip
+                if vnni:
+                    line += f" {times[3] * 1e6:.1f} | {t_plain / times[3]:.2f}x | {t_int8 / times[3]:.2f}x |"
+                print(line)
 
 
 if __name__ == "__main__":
