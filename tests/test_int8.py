@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from transduce.model import kernels, packed, quantize
+from transduce.model import kernels, packed, quantize, step
 from transduce.model.quantize import int8_function, pack_weight, quantize_int8
 
 DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
@@ -53,25 +53,27 @@ def test_pack_weight_puts_each_vpdpbusd_operand_together():
                     expected = int(w[row, col]) if row < n and col < k else 0
                     assert int(p.weight[j, g, 4 * c + i]) == expected
     assert torch.equal(p.scales[:n], scales) and not p.scales[n:].any()
-    assert torch.equal(p.sums[:n], w.sum(1, dtype=torch.int32).float()) and not p.sums[n:].any()
+    assert p.sums.dtype == torch.int32 and torch.equal(p.sums[:n], w.sum(1, dtype=torch.int32))
+    assert not p.sums[n:].any()
 
 
 def _exact_rows(m: int, k: int, seed: int) -> torch.Tensor:
-    """Rows of whole numbers each spanning exactly 255 (its minimum lo <= 0 and lo + 255 in it): each row's
-    scale is 1 and its zero point -lo, so the quantisation is exact."""
+    """Rows of whole multiples of 2^j (j from -3 to 2, by row) each spanning exactly 255 * 2^j (its minimum lo <= 0
+    and lo + 255 * 2^j in it): each row's scale is 2^j and its zero point -lo / 2^j, so the quantisation is exact."""
     g = torch.Generator().manual_seed(seed)
     lo = -torch.randint(0, 256, (m, 1), generator=g)
     x = lo + torch.randint(0, 256, (m, k), generator=g)
     x[:, 0], x[:, -1] = lo[:, 0], lo[:, 0] + 255
-    return x.float()
+    step = 2.0 ** (torch.arange(m) % 6 - 3)
+    return x.float() * step[:, None]
 
 
 @needs_vnni
 @pytest.mark.parametrize("m, k, n", [(1, 4, 16), (9, 130, 77), (37, 128, 384), (8, 3, 50), (17, 256, 128)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_kernel_sums_exactly_when_the_rows_quantise_exactly(m, k, n, bias):
-    """Tails of rows (tiles of 8), outputs (blocks of 48 and vectors of 16) and inputs (groups of 4): the integer
-    sums are exact, so the result is scale * sum + bias to float rounding."""
+    """Tails of rows (tiles of 8), outputs (blocks of 48 and vectors of 16) and inputs (groups of 4), rows of
+    different scales: the integer sums are exact, so the result is scale * sum + bias to float rounding."""
     g = torch.Generator().manual_seed(m * n + k)
     w = torch.randint(-128, 128, (n, k), generator=g).to(torch.int8)
     scales = torch.rand(n, generator=g) * 0.01 + 0.001
@@ -141,9 +143,17 @@ def test_relu_residual_bias_and_zero_rows():
     assert torch.equal(y[3], q.bias())
     assert torch.equal(relu(x), y.clamp(min=0))
     torch.testing.assert_close(relu(x, residual), y.clamp(min=0) + residual, rtol=0, atol=1e-6)
-    # 3-D inputs and a residual with strided rows
-    wide = torch.randn(10, 80)[:, :40]
-    torch.testing.assert_close(f(x.view(2, 5, 64), wide.reshape(2, 5, 40)), (y + wide).view(2, 5, 40))
+    # rows read with their strides (the kernel's own path): x and the residual as columns of wider tensors
+    wide_x, wide_residual = torch.randn(10, 100), torch.randn(10, 80)
+    wide_x[:, 5:69] = x
+    strided_x, strided_residual = wide_x[:, 5:69], wide_residual[:, :40]
+    assert strided_x.stride(0) == 100 and strided_residual.stride(0) == 80
+    assert torch.equal(f(strided_x, strided_residual), f(x, strided_residual.contiguous()))
+    # 3-D inputs (reshaped to rows), and residuals that broadcast or are of another dtype (added after, as the
+    # layer's own operation would)
+    torch.testing.assert_close(f(x.view(2, 5, 64), residual.view(2, 5, 40)), (y + residual).view(2, 5, 40))
+    assert torch.equal(f(x, residual[0]), y + residual[0])
+    torch.testing.assert_close(f(x, residual.double()), y + residual, rtol=0, atol=1e-6)
 
 
 @needs_vnni
@@ -159,21 +169,70 @@ def test_layers_without_bias_and_with_per_tensor_weights():
     x = torch.randn(6, 32)
     y = int8_function(per_tensor)(x)
     assert getattr(per_tensor, "_transduce_int8", None) is not None  # the kernel ran on it
-    exact = x @ per_tensor.weight().dequantize().t()
-    torch.testing.assert_close(y, exact, atol=0.02, rtol=0)
+    w = per_tensor.weight().dequantize()
+    step = (x.max(1).values.clamp(min=0) - x.min(1).values.clamp(max=0)) / 255
+    bound = step[:, None] / 2 * w.abs().sum(1)[None, :] + 1e-5
+    assert ((y - x @ w.t()).abs() <= bound).all()
+
+
+@needs_vnni
+def test_weights_with_a_zero_point_or_too_many_inputs_go_to_pytorch(monkeypatch):
+    """Affine weights with a nonzero zero point, and layers whose int32 sums could overflow, are not packed: the
+    layer's own operation runs, bit for bit."""
+    lin, q = _quantised_linear(32, 16, seed=2)
+    affine = torch.quantize_per_channel(lin.weight.detach(), torch.full((16,), 0.01), torch.full((16,), 3), 0,
+                                        torch.qint8)  # fmt: skip
+    q.set_weight_bias(affine, lin.bias.detach())
+    x = torch.randn(5, 32)
+    assert torch.equal(int8_function(q)(x), q(x)) and getattr(q, "_transduce_int8", None) is None
+    _, wide = _quantised_linear(32, 16, seed=4)
+    monkeypatch.setattr(quantize, "MAX_INPUTS", 31)
+    assert torch.equal(int8_function(wide)(x), wide(x)) and getattr(wide, "_transduce_int8", None) is None
+
+
+@needs_vnni
+def test_rows_with_nan_or_infinity_give_nan():
+    """A row with a NaN or an infinity comes out NaN (a float product gives NaN or infinities there), not as finite
+    values from a clamped row; the other rows are untouched. Rows of huge or tiny values stay exact to their
+    quantisation."""
+    _, q = _quantised_linear(64, 16, seed=6)
+    f = int8_function(q)
+    x = torch.randn(5, 64)
+    clean = f(x)
+    x[1, 10], x[2, 5], x[3, 63] = float("nan"), float("inf"), -float("inf")
+    y = f(x)
+    assert y[1:4].isnan().all()
+    assert torch.equal(y[[0, 4]], clean[[0, 4]])
+    w, b = _dequantised(q), q.bias()
+    huge = torch.full((1, 64), 3e38)
+    huge[0, :32] = -3e38  # max - min overflows float32
+    step = 6e38 / 255
+    bound = step / 2 * w.double().abs().sum(1) * 1.001  # half a step per input (the quantisation's bound)
+    assert f(huge).isfinite().all()
+    assert ((f(huge).double() - (huge.double() @ w.double().t() + b.double())).abs() <= bound).all()
+    tiny = torch.randn(1, 64) * 1e-37  # 1 / scale would overflow: treated as zeros, off by about 1e-36
+    torch.testing.assert_close(f(tiny), b[None], rtol=0, atol=1e-30)
 
 
 @needs_vnni
 def test_the_kernel_is_used_by_project_and_the_flag_turns_it_off(monkeypatch):
-    """packed.project (the encoder's layers) and the step both reach the kernel; with VNNI_KERNEL off, the layer's
-    own forward (fbgemm) runs, bit for bit."""
+    """packed.project (the encoder's layers) and the decoding step's linear layers both reach the kernel; with
+    VNNI_KERNEL off, the layer's own forward (fbgemm) runs, bit for bit."""
     _, q = _quantised_linear(128, 64, seed=9)
     x = torch.randn(3, 7, 128)
     with torch.no_grad():
-        torch.testing.assert_close(packed.project(q, x), int8_function(q)(x), rtol=0, atol=0)
+        kernel = packed.project(q, x)
+        assert getattr(q, "_transduce_int8", None) is not None  # packed: the kernel ran
+        assert not torch.equal(kernel, q(x))  # (per-row scales: not fbgemm's results)
+        assert torch.equal(kernel, int8_function(q)(x))
+        step_linear = step._int8_linear(q, relu=True)
+        assert torch.equal(step_linear(x.view(21, 128)), kernel.view(21, 64).relu())
+        with pytest.raises(KeyError, match="no fused activation 'gelu' for a quantised layer"):
+            packed.project(q, x, "gelu")
         monkeypatch.setattr(quantize, "VNNI_KERNEL", False)
         assert torch.equal(packed.project(q, x), q(x))
         assert torch.equal(packed.project(q, x, "relu"), q(x).relu())
+        assert torch.equal(step._int8_linear(q, relu=True)(x.view(21, 128)), q(x).view(21, 64).relu())
 
 
 @needs_vnni
@@ -201,3 +260,10 @@ def test_kernel_checks_name_the_argument():
         k8.int8_linear(torch.ones(2, 8), p.weight, p.scales, p.sums, None, torch.ones(3, 16), False, 16)
     with pytest.raises(RuntimeError, match=r"int8_linear: x must be a 2-D Float CPU tensor, got 2-D Double"):
         k8.int8_linear(torch.ones(2, 8, dtype=torch.float64), p.weight, p.scales, p.sums, None, None, False, 16)
+    with pytest.raises(RuntimeError, match=r"int8_linear: sums must be a 1-D Int CPU tensor, got 1-D Float"):
+        k8.int8_linear(torch.ones(2, 8), p.weight, p.scales, p.sums.float(), None, None, False, 16)
+    big = pack_weight(torch.ones(16, 65796, dtype=torch.int8), torch.ones(16))
+    with pytest.raises(RuntimeError, match=r"int8_linear: at most 65792 inputs \(the int32 sums could overflow\), "
+                                           r"got 65796"):  # fmt: skip
+        k8.int8_linear(torch.ones(1, 65796), big.weight, big.scales, big.sums, None, None, False, 16)
+    assert quantize.MAX_INPUTS == 65792

@@ -1,4 +1,5 @@
-"""transduce's own CPU kernels, built from ``csrc/decoding.cpp`` and ``csrc/training.cpp`` on first use.
+"""transduce's own CPU kernels, built from ``csrc/decoding.cpp``, ``csrc/training.cpp`` and ``csrc/int8.cpp`` on
+first use.
 
 For decoding steps:
 
@@ -12,6 +13,11 @@ For decoding steps:
   masks the same tokens in every row.
 - ``layer_norm``: the step's layer norms (float32 rows), where ATen's call costs about 9 us on (128, 128), most of
   it fixed cost (the kernel: about 5 us).
+
+For int8 inference (``csrc/int8.cpp``, built only for CPUs with AVX512-VNNI):
+
+- ``int8_linear``: a dynamically quantised linear layer, each input row quantised with its own scale, the products
+  summed by VPDPBUSD (:func:`transduce.model.quantize.int8_function`).
 
 For training steps (float32 and bfloat16):
 
@@ -30,8 +36,8 @@ load it at once. Where it cannot be built, transduce warns once and uses PyTorch
 turns the kernels off.
 
 The compiled code is specific to the CPU features it was built for (AVX2 and FMA when the CPU has them, as PyTorch
-reports, and AVX512-BF16's float-to-bf16 conversion where present), and the extension's name says which, so
-machines of different kinds can share one cache directory.
+reports; with AVX-512, AVX512-BF16's float-to-bf16 conversion and AVX512-VNNI's int8 products where present), and
+the extension's name says which, so machines of different kinds can share one cache directory.
 """
 
 from __future__ import annotations
@@ -59,14 +65,18 @@ _state: dict[str, ModuleType | Exception | None] = {"module": None, "error": Non
 
 
 def _arch_flags() -> tuple[str, list[str]]:
-    """(name suffix, compiler flags) for this CPU: AVX2 with FMA where PyTorch found them (plus AVX512-BF16's
-    conversion instructions where the CPU has them; 256-bit vectors still), else the compiler's default target."""
+    """(name suffix, compiler flags) for this CPU: AVX2 with FMA where PyTorch found them; where it found AVX-512,
+    also AVX512-BF16's conversion instructions and AVX512-VNNI's int8 products (``int8.cpp``) where the CPU has them
+    (256-bit vectors still for the compiler's own loops); else the compiler's default target."""
     capability = torch.backends.cpu.get_cpu_capability()
-    if capability == "AVX512" and getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
-        bf16 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mprefer-vector-width=256"]
-        if getattr(torch.cpu, "_is_vnni_supported", lambda: False)():  # int8.cpp's products
-            return "avx512bf16_vnni", ["-mavx2", "-mfma", *bf16, "-mavx512vnni"]
-        return "avx512bf16", ["-mavx2", "-mfma", *bf16]
+    if capability == "AVX512":
+        bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
+        if bf16 or vnni:
+            flags = ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mprefer-vector-width=256"]
+            flags += ["-mavx512bf16"] if bf16 else []
+            flags += ["-mavx512vnni"] if vnni else []
+            return "avx512" + ("bf16" if bf16 else "") + ("_vnni" if vnni else ""), flags
     if capability in ("AVX2", "AVX512"):
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []

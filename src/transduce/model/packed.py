@@ -116,6 +116,8 @@ def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, outp
         and x.dtype == torch.float32 and (output or (ONEDNN_LAYERS and onednn_size(x, linear.out_features)))
     )  # fmt: skip
     if type(linear) is DynamicLinear:  # a quantised layer: transduce's int8 kernel where it applies
+        if activation not in (None, "relu"):
+            raise KeyError(f"project: no fused activation {activation!r} for a quantised layer (only 'relu')")
         return quantize.int8_project(linear, x, relu=activation == "relu")
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
         y = linear(x)  # (the oneDNN op has no backward)

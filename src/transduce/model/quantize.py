@@ -56,6 +56,7 @@ def default_min_weights() -> int:
 MIN_WEIGHTS = default_min_weights()  # linear layers with fewer weights stay float32 (see above)
 VNNI_KERNEL = True  # set False to run the quantised layers through PyTorch's int8 operation (fbgemm) everywhere
 LANES = 16  # output channels per block of the kernel's weight layout (one 512-bit vector of int32)
+MAX_INPUTS = 65792  # the kernel's int32 sums hold 255 * 128 * inputs: wider layers go through PyTorch's operation
 
 
 def quantize_int8(model: nn.Module, min_weights: int | None = None) -> nn.Module:
@@ -82,7 +83,7 @@ class PackedInt8:
 
     weight: Tensor  # (ceil(N / 16), ceil(K / 4), 64) int8
     scales: Tensor  # (16 ceil(N / 16),) float32: each output channel's scale, 0 in the padding
-    sums: Tensor  # (16 ceil(N / 16),) float32: sum over k of the int8 weights of each output channel
+    sums: Tensor  # (16 ceil(N / 16),) int32: sum over k of the int8 weights of each output channel
     bias: Tensor | None  # (N,) float32
     outputs: int  # N
     source: object  # the layer's packed parameters this was made from (rebuilt when the layer gets new ones)
@@ -99,20 +100,21 @@ def pack_weight(weight: Tensor, scales: Tensor, bias: Tensor | None = None, sour
     packed = padded.view(blocks, LANES, groups, 4).permute(0, 2, 1, 3).reshape(blocks, groups, 4 * LANES)
     channel_scales = torch.zeros(blocks * LANES)
     channel_scales[:n] = scales.float()
-    sums = torch.zeros(blocks * LANES)
-    sums[:n] = weight.sum(1, dtype=torch.int32).float()
+    sums = torch.zeros(blocks * LANES, dtype=torch.int32)
+    sums[:n] = weight.sum(1, dtype=torch.int32)
     bias = None if bias is None else bias.detach().float().contiguous()
     return PackedInt8(packed.contiguous(), channel_scales, sums, bias, n, source)
 
 
 def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
     """The kernel's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer;
-    None where the kernel does not take the layer (weights that are not symmetric int8, per channel or per tensor)."""
+    None where the kernel does not take the layer: weights that are not symmetric int8 (per channel or per tensor),
+    or more than :data:`MAX_INPUTS` inputs."""
     params = linear._packed_params._packed_params
     cached = getattr(linear, "_transduce_int8", None)
     if cached is not None and cached.source is params:
         return cached
-    if linear._packed_params.dtype != torch.qint8:
+    if linear._packed_params.dtype != torch.qint8 or linear.in_features > MAX_INPUTS:
         return None
     weight = linear.weight()
     if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
@@ -159,12 +161,14 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     def vnni(x: Tensor, residual: Tensor | None = None) -> Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return torch_op(x, residual)
-        if x.dim() == 2 and x.stride(1) == 1 and (residual is None or residual.stride(-1) == 1):
+        fused = residual is None or (residual.dtype == torch.float32 and residual.shape == (*x.shape[:-1], outputs))
+        if x.dim() == 2 and x.stride(1) == 1 and fused and (residual is None or residual.stride(1) == 1):
             return product(x, weight, scales, sums, bias, residual, relu, outputs)
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).contiguous()
-        res = None if residual is None else residual.reshape(-1, outputs).contiguous()
-        return product(rows, weight, scales, sums, bias, res, relu, outputs).view(*shape[:-1], outputs)
+        res = residual.reshape(-1, outputs).contiguous() if residual is not None and fused else None
+        y = product(rows, weight, scales, sums, bias, res, relu, outputs).view(*shape[:-1], outputs)
+        return y if fused else y.add_(residual)  # (a residual that broadcasts, or of another dtype: as torch_op)
 
     return vnni
 

@@ -50,7 +50,8 @@ def _linear(lin: nn.Module, relu: bool = False) -> Linear:
     """``lin`` (followed by a ReLU when ``relu``) as a function of ``(x, residual=None)``: for a plain ``nn.Linear``
     one ``addmm``, or oneDNN's product with the packed weight where :data:`~transduce.model.packed.ONEDNN_LAYERS` is
     set and the product is large enough (:func:`~transduce.model.packed.onednn_size`); for a dynamically quantised
-    layer its int8 operation called directly (ReLU fused), as the module calls it; any other layer through
+    layer :func:`~transduce.model.quantize.int8_function` (transduce's VNNI product where it applies, else PyTorch's
+    int8 operation; ReLU and residual fused); any other layer through
     :func:`~transduce.model.packed.project`, as in the modules."""
     quantised = _int8_linear(lin, relu)
     if quantised is not None:

@@ -8,7 +8,7 @@
 // widened to hold 0), the products are summed exactly in int32 by VPDPBUSD (four uint8 x int8 products a lane,
 // no intermediate saturation), and then
 //     y[m, n] = s[m] * scale[n] * (sum_k xq[m, k] wq[n, k] - z[m] * sum_k wq[n, k]) + b[n]
-// in float32, with the ReLU and a residual added in the same pass where asked.
+// (the difference exact in int32, then float32), with the ReLU and a residual added in the same pass where asked.
 //
 // Why: fbgemm's dynamic int8 linear (quantized::linear_dynamic) costs 10-15 us a call whatever its size (a
 // tensor-wide min and max, a quantised copy, a packed copy with row offsets, the product, the output): on the
@@ -19,7 +19,7 @@
 // (a row with small values keeps its precision).
 //
 // The weight is stored in VPDPBUSD's order: for each block of 16 output channels, for each group of 4 inputs, the
-// 16 x 4 bytes that one instruction multiplies (int8_pack_weight in transduce.model.quantize builds it).
+// 16 x 4 bytes that one instruction multiplies (pack_weight in transduce.model.quantize builds it).
 
 #include <torch/extension.h>
 
@@ -29,9 +29,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define TRANSDUCE_VNNI 1
 #endif
@@ -41,27 +42,40 @@ namespace {
 
 constexpr int kLanes = 16;  // output channels per vector (int32 / float32 lanes)
 constexpr int kTileRows = 8, kTileVectors = 3;  // a tile of the product: 8 rows x 48 outputs in 24 accumulators
+constexpr int64_t kMaxInputs = 65792;  // 255 * 128 * K < 2^31: no int32 sum can overflow (quantize.MAX_INPUTS)
 
 // Row m of x (K floats) to uint8 with its scale and zero point: x ~ s * (q - z), q in [0, 255]; the range is
-// widened to hold 0 (so z is a whole number in [0, 255] and 0 is exact). A row of zeros gets s = 1, z = 0. The
-// padding bytes K .. Kp stay 0 (their weights are 0).
+// widened to hold 0 (so z is a whole number in [0, 255] and 0 is exact). A row of zeros, or of values so small
+// (below about 1e-35) that 1 / s would overflow, gets s = 1, z = 0 (all q = 0: the output is the bias, off by less
+// than 1e-33 per weight). A row with a NaN or an infinity gets s = NaN, so that its outputs are NaN as a float
+// product's would be NaN or infinite (not finite values made from a clamped row). The padding bytes K .. Kp stay
+// 0 (their weights are 0).
 inline void quantize_row(const float* x, int64_t K, uint8_t* q, float* scale, float* zero) {
   __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+  __mmask16 bad = 0;  // lanes where x - x is NaN: x is NaN or infinite
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     const __m512 v = _mm512_loadu_ps(x + k);
+    bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_UNORD_Q);
     lo = _mm512_min_ps(lo, v);
     hi = _mm512_max_ps(hi, v);
   }
   const __mmask16 tail = static_cast<__mmask16>((1u << (K - k)) - 1u);
   if (tail) {
     const __m512 v = _mm512_maskz_loadu_ps(tail, x + k);  // (zeros in the masked lanes: inside [lo, hi] already)
+    bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_UNORD_Q);
     lo = _mm512_min_ps(lo, v);
     hi = _mm512_max_ps(hi, v);
   }
+  if (bad) {
+    *scale = std::numeric_limits<float>::quiet_NaN();
+    *zero = 0.0f;
+    std::memset(q, 0, static_cast<size_t>(K));
+    return;
+  }
   const float mn = _mm512_reduce_min_ps(lo), mx = _mm512_reduce_max_ps(hi);
-  float s = (mx - mn) / 255.0f;
-  if (!(s > 0.0f) || !std::isfinite(s)) s = 1.0f;  // all zeros (NaN or inf: garbage in, garbage out, no UB)
+  float s = mx / 255.0f - mn / 255.0f;  // (divided first: mx - mn may overflow)
+  if (!(s >= 1e-35f)) s = 1.0f;  // a row of zeros or of tiny values
   const float z = std::nearbyint(-mn / s);
   *scale = s;
   *zero = z;
@@ -89,10 +103,10 @@ inline void dpbusd(__m512i& acc, __m512i xv, __m512i w) {
 struct Product {
   const uint8_t* xq;  // (M, Kp) quantised rows
   const float* xs;    // (M,) their scales
-  const float* xz;    // (M,) their zero points
+  const int32_t* xz;  // (M,) their zero points
   const int8_t* w;    // (Nv, Kq, 16, 4)
   const float* ws;    // (Nv * 16,) weight scales, 0 in the padding
-  const float* wsum;  // (Nv * 16,) sum_k wq[n, k]
+  const int32_t* wsum;  // (Nv * 16,) sum_k wq[n, k]
   const float* bias;  // (N,) or nullptr
   const float* res;   // residual rows or nullptr
   float* y;
@@ -129,14 +143,15 @@ void tile(const Product& p, int64_t m0, int64_t j0) {
     if (n0 >= p.N) break;
     const __mmask16 mask = p.N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF)
                                               : static_cast<__mmask16>((1u << (p.N - n0)) - 1u);
-    const __m512 ws = _mm512_loadu_ps(p.ws + n0), wsum = _mm512_loadu_ps(p.wsum + n0);
+    const __m512 ws = _mm512_loadu_ps(p.ws + n0);
+    const __m512i wsum = _mm512_loadu_si512(p.wsum + n0);
     const __m512 b = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t m = m0 + r;
-      // s * scale * (acc - z * wsum) + b
-      __m512 v = _mm512_fnmadd_ps(_mm512_set1_ps(p.xz[m]), wsum, _mm512_cvtepi32_ps(acc[r][c]));
-      v = _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
+      // s * scale * (acc - z * wsum) + b, the difference exact in int32 (sum_k (q - z) w: |.| <= 255 * 128 * K)
+      const __m512i exact = _mm512_sub_epi32(acc[r][c], _mm512_mullo_epi32(_mm512_set1_epi32(p.xz[m]), wsum));
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
       if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
       if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
       _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
@@ -166,19 +181,21 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType type, int64_
 
 }  // namespace
 
-// x: (M, K) float32 with dense rows; weight: (Nv, Kq, 64) int8 from int8_pack_weight; scales, sums: (Nv * 16,)
-// float32; bias: (N,) float32 or None; residual: (M, N) float32 with dense rows or None. Returns (M, N) float32.
+// x: (M, K) float32 with dense rows; weight: (Nv, Kq, 64) int8 from pack_weight; scales: (Nv * 16,) float32;
+// sums: (Nv * 16,) int32; bias: (N,) float32 or None; residual: (M, N) float32 with dense rows or None. Returns (M, N) float32.
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
                           const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
   check(x, "x", at::kFloat, 2);
   check(weight, "weight", at::kChar, 3);
   check(scales, "scales", at::kFloat, 1);
-  check(sums, "sums", at::kFloat, 1);
+  check(sums, "sums", at::kInt, 1);
   TORCH_CHECK(x.stride(1) == 1, "int8_linear: x's rows must be dense");
   TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64, "int8_linear: weight must be contiguous (Nv, Kq, 64)");
   const int64_t M = x.size(0), K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
   TORCH_CHECK(Kq == (K + 3) / 4, "int8_linear: x has ", K, " inputs, the weight ", Kp, " (padded to 4)");
+  TORCH_CHECK(Kp <= kMaxInputs, "int8_linear: at most ", kMaxInputs, " inputs (the int32 sums could overflow), got ",
+              K);
   TORCH_CHECK(N > 0 && Nv == (N + kLanes - 1) / kLanes, "int8_linear: ", N, " outputs, the weight holds ",
               Nv * kLanes, " (padded to 16)");
   TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
@@ -202,11 +219,16 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, c
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   std::vector<uint8_t> xq(static_cast<size_t>(M * Kp), 0);
-  std::vector<float> xs(M), xz(M);
+  std::vector<float> xs(M);
+  std::vector<int32_t> xz(M);
   const float* xd = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xd + m * x.stride(0), K, xq.data() + m * Kp, &xs[m], &xz[m]);
+  for (int64_t m = 0; m < M; ++m) {
+    float zero;
+    quantize_row(xd + m * x.stride(0), K, xq.data() + m * Kp, &xs[m], &zero);
+    xz[m] = static_cast<int32_t>(zero);
+  }
   const Product p{xq.data(), xs.data(), xz.data(), weight.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                  sums.data_ptr<float>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N, res_row, relu};
+                  sums.data_ptr<int32_t>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N, res_row, relu};
   // the threads take blocks of output vectors (each block's weights stay in its core's cache over all rows)
   const int64_t blocks = (Nv + kTileVectors - 1) / kTileVectors;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, M * Kp * kTileVectors * kLanes));
