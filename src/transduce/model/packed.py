@@ -111,14 +111,14 @@ def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, outp
     the packed weight when that applies: float32 inference on a CPU with an ``nn.Linear`` (not a quantised one) in
     eval mode, outside autograd; and, unless ``output`` (the pre-softmax projection, which :data:`ONEDNN` alone
     governs), :data:`ONEDNN_LAYERS` set and a product of at least :data:`ONEDNN_MIN_MACS` multiply-adds."""
-    applies = (
-        ONEDNN and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
-        and x.dtype == torch.float32 and (output or (ONEDNN_LAYERS and onednn_size(x, linear.out_features)))
-    )  # fmt: skip
     if type(linear) is DynamicLinear:  # a quantised layer: transduce's int8 kernel where it applies
         if activation not in (None, "relu"):
             raise KeyError(f"project: no fused activation {activation!r} for a quantised layer (only 'relu')")
         return quantize.int8_project(linear, x, relu=activation == "relu")
+    applies = (
+        ONEDNN and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
+        and x.dtype == torch.float32 and (output or (ONEDNN_LAYERS and onednn_size(x, linear.out_features)))
+    )  # fmt: skip
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
         y = linear(x)  # (the oneDNN op has no backward)
         return y if activation is None else FUSED[activation](y)

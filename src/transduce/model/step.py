@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from transduce.model import kernels, packed, quantize
 from transduce.model.cache import DecoderCache
@@ -85,8 +86,6 @@ def _int8_linear(lin: nn.Module, relu: bool) -> Linear | None:
     :func:`~transduce.model.quantize.quantize_int8` makes) as :func:`~transduce.model.quantize.int8_function`
     (transduce's VNNI kernel, or the operation the layer's ``forward`` calls), the ReLU and the residual fused
     into it; None for any other layer (float16 ones included)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
     if type(lin) is not DynamicLinear or lin._packed_params.dtype != torch.qint8:
         return None
 

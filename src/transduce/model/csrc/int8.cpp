@@ -182,7 +182,8 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType type, int64_
 }  // namespace
 
 // x: (M, K) float32 with dense rows; weight: (Nv, Kq, 64) int8 from pack_weight; scales: (Nv * 16,) float32;
-// sums: (Nv * 16,) int32; bias: (N,) float32 or None; residual: (M, N) float32 with dense rows or None. Returns (M, N) float32.
+// sums: (Nv * 16,) int32; bias: (N,) float32 or None; residual: (M, N) float32 with dense rows or None.
+// Returns (M, N) float32.
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
                           const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
