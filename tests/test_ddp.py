@@ -27,7 +27,7 @@ _SCRIPT = textwrap.dedent(
     # added to every score) and float noise in practice, which Adam's normalisation would blow up to +-lr
     config = Config(
         model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, dropout=0.0, bias=False),
-        train=TrainConfig(warmup_steps=4, clip_norm=1.0, lr_scale=0.1),  # peak lr 0.009
+        train=TrainConfig(warmup_steps=4, clip_norm=1.0, lr_scale=0.1, precision="fp32"),  # peak lr 0.009
     )
 
     def global_batches(step):

@@ -27,5 +27,6 @@ def toy_config(corpus: Path, run_dir: Path, prepared: Path | None = None, **trai
     overrides = [f"data.train={corpus / 'train'}", f"data.valid={corpus / 'valid'}", f"train.run_dir={run_dir}"]
     if prepared is not None:
         overrides.append(f"data.prepared={prepared}")
+    train = {"precision": "fp32", **train}  # exact comparisons; `auto` would pick bf16 on a CPU with bf16 units
     overrides += [f"train.{k}={v}" for k, v in train.items()]
     return Config.load(root / "configs" / "toy.yaml", overrides=overrides)

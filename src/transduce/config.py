@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from transduce.casing import INPUT_CASES
 from transduce.errors import TransduceError
 from transduce.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -267,6 +268,10 @@ class DataConfig(_Section):
     character_coverage: float = 1.0  # SentencePiece character_coverage; rare characters fall back to bytes
     input_sentence_size: int = 2_000_000  # at most this many sentences (a shuffled sample) train the vocabulary
     lowercase: bool = False  # lowercase both sides before everything else (the Multi30k literature's convention)
+    # add this share of the training pairs again with the source lowercased (the target as it is), so that a cased
+    # model translates input without case information; with decode.input_case=normalize it handles ALL-CAPS and
+    # Title-Case input (transduce.casing)
+    case_augment: float = 0.0
     max_len: int = 250  # drop training pairs with a side longer than this many subword tokens
     max_len_ratio: float = 9.0  # drop training pairs whose token-length ratio exceeds this (Moses clean-corpus-n)
     dedup: bool = False  # drop exact duplicate training pairs
@@ -280,6 +285,8 @@ class DataConfig(_Section):
         _check_positive("max_len_ratio", self.max_len_ratio)
         _check_positive("input_sentence_size", self.input_sentence_size)
         _check_positive("workers", self.workers, allow_zero=True)
+        if not 0.0 <= self.case_augment <= 1.0:
+            raise ConfigError(f"case_augment: must be in [0, 1], got {self.case_augment!r}")
         if not 0.0 < self.character_coverage <= 1.0:
             raise ConfigError(f"character_coverage: must be in (0, 1], got {self.character_coverage!r}")
         if self.src_lang == self.tgt_lang:
@@ -310,7 +317,9 @@ class TrainConfig(_Section):
     weight_decay: float = 0.0  # decoupled (AdamW) weight decay; 0 is the paper's Adam
     clip_norm: float = 0.0  # clip the gradient norm to this; 0: off
     label_smoothing: float = 0.1  # epsilon_ls (paper: 0.1)
-    precision: str = "fp32"  # fp32, or bf16 autocast with fp32 master weights
+    # auto: bf16 where the device multiplies bf16 in hardware (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX),
+    # else fp32 (the log says which and why); fp32; or bf16 (autocast with fp32 master weights)
+    precision: str = "auto"
     compile: bool = False  # torch.compile the model
     device: str = "auto"  # auto (cuda when available), cpu or cuda
     threads: int = 0  # torch intra-op threads; 0: torch's default
@@ -353,7 +362,7 @@ class TrainConfig(_Section):
                                   f"must exceed warmup_steps ({self.warmup_steps}), got {self.max_steps}")  # fmt: skip
             if self.min_lr > self.peak_lr:
                 raise ConfigError(f"min_lr: must not exceed peak_lr ({self.peak_lr}), got {self.min_lr}")
-        _check_choice("precision", self.precision, ("fp32", "bf16"))
+        _check_choice("precision", self.precision, ("auto", "fp32", "bf16"))
         _check_choice("device", self.device, ("auto", "cpu", "cuda"))
         _check_choice("best_metric", self.best_metric, ("bleu", "loss"))
         for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
@@ -383,6 +392,9 @@ class DecodeConfig(_Section):
     top_k: int = 0  # sample from the k most likely tokens; 0: all
     top_p: float = 1.0  # nucleus sampling: the smallest set with this much probability mass
     max_tokens: int = 4096  # token budget of one translation batch (sentences are sorted by length)
+    # keep: translate every line as it is; normalize: lowercase ALL-CAPS and Title-Case lines before translating
+    # and give the translation that style back (for models trained with data.case_augment; transduce.casing)
+    input_case: str = "keep"
 
     def __post_init__(self) -> None:
         for name in ("beam", "nbest", "max_tokens", "temperature"):
@@ -390,6 +402,7 @@ class DecodeConfig(_Section):
         for name in ("length_penalty", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram", "top_k"):
             _check_positive(name, getattr(self, name), allow_zero=True)
         _check_choice("length_norm", self.length_norm, LENGTH_NORMS)
+        _check_choice("input_case", self.input_case, INPUT_CASES)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if self.nbest > self.beam and not self.sampling:

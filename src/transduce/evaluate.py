@@ -10,6 +10,7 @@ multi-bleu style); it runs higher than cased detokenised sacreBLEU on the same o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -71,6 +72,21 @@ class LowercaseTokenizedBleu:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_TOKENIZED = re.compile(r"\s[.,](\s|$)|&apos;|&quot;|&amp;| @-@ ")  # " ." " ," and Moses' escapes
+
+
+def tokenized_evidence(lines: Sequence[str]) -> str | None:
+    """Why ``lines`` look tokenised (a space before sentence-final or inner "." and ",", or Moses' escapes such as
+    ``&apos;`` on more than half of the non-empty lines), or None when they look like raw text. sacreBLEU tokenises
+    on its own, so a tokenised reference gives a wrong score (sacreBLEU itself only warns about hypotheses).
+    A space before "?", "!", ":" and ";" is ordinary French typography and does not count."""
+    texts = [line for line in lines if line.strip()]
+    hits = sum(1 for line in texts if _TOKENIZED.search(line))
+    if texts and hits * 2 > len(texts):
+        return f"{hits} of {len(texts)} lines have a space before '.' or ',' or a Moses escape such as &apos;"
+    return None
 
 
 def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:

@@ -55,6 +55,23 @@ def cpu_has_native_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """The precision a run trains in for ``train.precision`` on ``device``, and why: ``auto`` is bf16 where the
+    device multiplies bf16 in hardware (a CUDA GPU that supports bf16; a CPU with AVX512-BF16 or AMX), else fp32;
+    any other value is taken as it is."""
+    if precision != "auto":
+        return precision, "as configured"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16", "auto: this GPU multiplies bf16 in hardware"
+        return "fp32", "auto: this GPU has no hardware bf16"
+    if device.type == "cpu":
+        if cpu_has_native_bf16():
+            return "bf16", "auto: this CPU multiplies bf16 in hardware (avx512_bf16 / amx_bf16)"
+        return "fp32", "auto: this CPU has no bf16 instructions (bf16 would be emulated, and slower than fp32)"
+    return "fp32", f"auto: fp32 on {device.type}"
+
+
 def select_device(name: str, dist: Dist) -> torch.device:
     """``auto``: CUDA when available (``cuda:LOCAL_RANK``), else the CPU."""
     if name == "auto":
@@ -92,7 +109,9 @@ class Trainer:
         if self.cfg.compile:
             net = torch.compile(net)  # type: ignore[assignment]
         self.net = net
-        self.autocast_dtype = torch.bfloat16 if self.cfg.precision == "bf16" else None
+        self.precision, why = resolve_precision(self.cfg.precision, device)
+        log.info("precision: %s (%s)", self.precision, why)
+        self.autocast_dtype = torch.bfloat16 if self.precision == "bf16" else None
         if self.autocast_dtype is not None and device.type == "cpu" and not cpu_has_native_bf16():
             log.warning(
                 "precision: bf16 on a CPU without bf16 instructions (avx512_bf16 / amx_bf16): bf16 matrix products "

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from transduce import casing
 from transduce.config import ConfigError, DecodeConfig
 from transduce.search import Hypothesis, generate, length_batches
 from transduce.search.common import pad_sequences
@@ -204,6 +205,11 @@ class Translator:
     def _translate(self, lines: list[tuple[int, str]], cfg: DecodeConfig) -> list[list[Translation]]:
         eos = self.model.config.eos_id
         width = cfg.nbest if cfg.sampling else cfg.beam  # hypotheses per sentence in the search
+        styles: list[casing.Style | None] = [None] * len(lines)
+        if cfg.input_case == "normalize":
+            normalized = [casing.normalize(text) for _, text in lines]
+            lines = [(lineno, text) for (lineno, _), (text, _) in zip(lines, normalized)]
+            styles = [style for _, style in normalized]
         ids = self._encode([text for _, text in lines])
         # segments: (input index, piece index, source ids + EOS)
         segments: list[tuple[int, int, list[int]]] = []
@@ -232,16 +238,16 @@ class Translator:
             if n == 0:
                 out.append([Translation("", 0.0, 0.0)])
             elif n == 1:
-                out.append([self._to_translation(h) for h in results[i, 0]])
+                out.append([self._to_translation(h, styles[i]) for h in results[i, 0]])
             else:
                 best = [results[i, j][0] for j in range(n)]
-                text = " ".join(self._to_translation(h).text for h in best).strip()
+                text = " ".join(self._to_translation(h, styles[i]).text for h in best).strip()
                 out.append([Translation(text, sum(h.score for h in best), sum(h.log_prob for h in best))])
         return out
 
-    def _to_translation(self, hyp: Hypothesis) -> Translation:
+    def _to_translation(self, hyp: Hypothesis, style: casing.Style | None = None) -> Translation:
         text = self.tokenizer.decode_tgt(hyp.tokens)
-        text = text.translate(_LINE_BREAKS)  # one line in, one line out, whoever splits the output
+        text = casing.restore(text.translate(_LINE_BREAKS), style)  # one line in, one line out, whoever splits it
         return Translation(text, hyp.score, hyp.log_prob)
 
     def _split(self, toks: list[int]) -> list[list[int]]:

@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hyp-out", metavar="FILE", help="also write the translations here")
     parser.add_argument("--lc-tok", metavar="LANG", help="also lowercased Moses-tokenised BLEU (target language)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--force", action="store_true", help="score references that look tokenised anyway")
 
 
 def _read(path: str) -> list[str]:
@@ -41,11 +42,18 @@ def _read(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.evaluate import LengthMismatchError, score, score_tokenized_lowercase
+    from transduce.evaluate import LengthMismatchError, score, score_tokenized_lowercase, tokenized_evidence
 
     if (args.src is None) == (args.hyp is None):
         raise TransduceError("give exactly one of --src (with --model) and --hyp")
     references = _read(args.ref)
+    evidence = None if args.force else tokenized_evidence(references)
+    if evidence is not None:  # before any translation: sacreBLEU's score against tokenised text is meaningless
+        raise TransduceError(
+            f"{args.ref}: the references look tokenised ({evidence}); sacreBLEU scores detokenised text, so give "
+            "the raw references (the lowercased tokenised convention is --lc-tok LANG on raw references too), or "
+            "--force to score them anyway"
+        )
     if args.hyp is not None:
         hypotheses = _read(args.hyp)
     else:

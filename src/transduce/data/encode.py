@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transduce.casing import augment_pair, augmented
 from transduce.textio import decode_line
 from transduce.tokenizer import Tokenizer
 
@@ -35,6 +36,7 @@ class EncodeOptions:
     max_len_ratio: float
     skip_invalid_utf8: bool
     dedup: bool
+    case_augment: float = 0.0  # share of training pairs added again with the source lowercased (transduce.casing)
 
 
 @dataclass
@@ -116,8 +118,14 @@ def encode_chunk(chunk: Chunk) -> Encoded:
         kept.append(k)
         srcs.append(s)
         tgts.append(t)
+        if chunk.train and augmented(chunk.first_line + k, opts.case_augment):
+            s_aug, t_aug = augment_pair(s, t)
+            if s_aug != s:  # a copy only where lowercasing changes something
+                kept.append(k)
+                srcs.append(s_aug)
+                tgts.append(t_aug)
     lines = [chunk.first_line + k for k in kept]
-    raws = [(chunk.src[k], chunk.tgt[k]) for k in kept] if opts.dedup and chunk.train else []
+    raws = [(s.encode(), t.encode()) for s, t in zip(srcs, tgts)] if opts.dedup and chunk.train else []
     src, src_lens = _flat(tok.encode_src_batch(srcs))
     tgt, tgt_lens = _flat(tok.encode_tgt_batch(tgts))
     line_arr = np.asarray(lines, dtype=np.int64)

@@ -40,6 +40,7 @@ from typing import Any
 
 import sentencepiece
 
+from transduce.casing import augment_pair, augmented
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE, SplitWriter, ids_dtype, split_files
 from transduce.data.encode import (
@@ -73,6 +74,7 @@ _OPTION_KEYS = (
     "character_coverage",
     "input_sentence_size",
     "lowercase",
+    "case_augment",
     "max_len",
     "max_len_ratio",
     "dedup",
@@ -134,7 +136,9 @@ def _prepare_into(
     workers = cfg.workers or os.cpu_count() or 1
     tok = _train_vocabulary(tmp, cfg, *corpora["train"], inputs["train"]["src"]["lines"], workers)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
-    enc_opts = EncodeOptions(str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup)
+    enc_opts = EncodeOptions(
+        str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup, cfg.case_augment
+    )
 
     splits: dict[str, Any] = {}
     with _Encoder(enc_opts, workers) as encoder:
@@ -204,6 +208,8 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: i
             continue  # skip_invalid_utf8 (else _check has failed)
         if s.strip() and t.strip():
             sample.append((s, t))
+            if augmented(lineno - 1, cfg.case_augment):  # the vocabulary also sees the augmented copies
+                sample.append(augment_pair(s, t))
         if next_line is None:
             break
     if not sample:

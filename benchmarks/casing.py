@@ -1,0 +1,72 @@
+"""How a model copes with the casing of its input: BLEU on the normal sources, on an ALL-CAPS copy and on a
+Title-Case copy, each scored case-insensitively against the references (sacreBLEU 13a, lowercase), plus the cased
+sacreBLEU and the lowercased tokenised BLEU of the normal sources.
+
+    python benchmarks/casing.py --model runs/multi30k_en_de \\
+        --src ../shared/data/multi30k/test_2016_flickr.en.gz --ref ../shared/data/multi30k/test_2016_flickr.de.gz \\
+        --lang de --input-case keep,normalize
+
+Each ``--input-case`` value is one row group: ``keep`` gives the model the lines as they are, ``normalize`` lowercases
+ALL-CAPS and Title-Case lines first (transduce.casing). Decoding is the model's own configuration unless --beam is
+given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from sacrebleu.metrics import BLEU
+
+from transduce import casing
+from transduce.evaluate import score, score_tokenized_lowercase
+from transduce.textio import read_lines
+from transduce.translate import Translator
+
+VARIANTS = {"normal": lambda s: s, "ALL CAPS": str.upper, "Title Case": casing.title}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="run directory, checkpoint or Hugging Face Marian directory")
+    parser.add_argument("--src", required=True, help="source sentences (raw, cased)")
+    parser.add_argument("--ref", required=True, help="reference translations (raw, cased)")
+    parser.add_argument("--lang", required=True, help="target language, for the lowercased tokenised BLEU")
+    parser.add_argument("--input-case", default="keep,normalize", help="comma-separated: keep, normalize")
+    parser.add_argument("--beam", type=int, help="beam size (default: the model's decoding configuration)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N sentences (0: all)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    sources = [text for _, text in read_lines(args.src)]
+    references = [text for _, text in read_lines(args.ref)]
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    translator = Translator.load(args.model)
+    insensitive = BLEU(lowercase=True)
+    print(f"model {args.model}; {len(sources)} sentences; {torch.get_num_threads()} threads")
+    print(f"case-insensitive BLEU: {insensitive.get_signature()}")
+    print()
+    print("| input_case | source | BLEU (case-insensitive) | vs normal | cased sacreBLEU | lc-tok BLEU | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for mode in args.input_case.split(","):
+        normal = None
+        for name, transform in VARIANTS.items():
+            started = time.perf_counter()
+            cfg = translator.search_config(beam=args.beam, input_case=mode)
+            hyps = [ts[0].text for ts in translator.translate_lines(enumerate(map(transform, sources), 1), cfg)]
+            seconds = time.perf_counter() - started
+            bleu = insensitive.corpus_score(hyps, [references]).score
+            normal = bleu if normal is None else normal
+            cased = lc_tok = "-"
+            if name == "normal":
+                cased = f"{score(hyps, references).bleu:.2f}"
+                lc_tok = f"{score_tokenized_lowercase(hyps, references, args.lang).bleu_lc_tok:.2f}"
+            print(f"| {mode} | {name} | {bleu:.2f} | {bleu - normal:+.2f} | {cased} | {lc_tok} | {seconds:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Cased output and robustness to the casing of the input: case augmentation in preparation, case normalisation in
+the translator, `precision: auto`, and sacreBLEU's refusal of tokenised references."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import transduce.trainer as trainer_module
+from test_data_prepare import config, toy_pairs, write
+from transduce import casing
+from transduce.config import Config, ConfigError, DataConfig, DecodeConfig
+from transduce.data import ParallelDataset, prepare
+from transduce.evaluate import tokenized_evidence
+from transduce.tokenizer import Tokenizer
+from transduce.translate import Translator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the casing functions
+
+
+@pytest.mark.parametrize(
+    ("text", "style"),
+    [
+        ("TWO DOGS ARE PLAYING IN THE SNOW.", "upper"),
+        ("A MAN", "upper"),
+        ("Two Dogs Are Playing In The Snow.", "title"),
+        ("Two dogs are playing in the snow.", None),
+        ("Ein Mann mit einem Hut spielt Gitarre.", None),  # German nouns are capitalised; the other words are not
+        ("Zwei Hunde.", None),  # too short to tell Title Case from a sentence
+        ("OK.", None),
+        ("NASA launches a rocket.", None),
+        ("", None),
+        ("123 456", None),
+    ],
+)
+def test_input_style(text, style):
+    assert casing.input_style(text) == style
+
+
+def test_normalize_and_restore():
+    assert casing.normalize("TWO DOGS RUN.") == ("two dogs run.", "upper")
+    assert casing.normalize("Two Dogs Run Fast") == ("two dogs run fast", "title")
+    assert casing.normalize("Two dogs run.") == ("Two dogs run.", None)
+    assert casing.restore("Zwei Hunde rennen.", "upper") == "ZWEI HUNDE RENNEN."
+    assert casing.restore("zwei Hunde rennen im Park.", "title") == "Zwei Hunde Rennen Im Park."
+    assert casing.restore("Zwei Hunde rennen.", None) == "Zwei Hunde rennen."
+    assert casing.title("l'homme  d'affaires") == "L'homme  D'affaires"  # not str.title's "L'Homme"
+
+
+def test_augmented_lines_are_a_fixed_share():
+    lines = [n for n in range(20_000) if casing.augmented(n, 0.2)]
+    assert abs(len(lines) / 20_000 - 0.2) < 4 * (0.2 * 0.8 / 20_000) ** 0.5  # binomial: within 4 sigma
+    assert lines == [n for n in range(20_000) if casing.augmented(n, 0.2)]  # the same lines every time
+    assert not any(casing.augmented(n, 0.0) for n in range(1000))
+    assert all(casing.augmented(n, 1.0) for n in range(1000))
+    assert casing.augment_pair("Two Dogs", "Zwei Hunde") == ("two dogs", "Zwei Hunde")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# preparation
+
+
+def test_case_augment_adds_lowercased_source_copies(tmp_path):
+    src, tgt = toy_pairs(300)
+    src = [s.capitalize() for s in src]  # "The man ..." so that lowercasing changes every source
+    tgt = [t.capitalize() for t in tgt]
+    out = tmp_path / "out"
+    manifest = prepare(config(write(tmp_path, "c", src, tgt), case_augment=0.25, vocab_size=400), out)
+    assert manifest["options"]["case_augment"] == 0.25
+    chosen = [n for n in range(300) if casing.augmented(n, 0.25)]
+    train, tok = ParallelDataset(out, "train"), Tokenizer.load(out)
+    assert len(train) == 300 + len(chosen)
+    # each chosen line appears twice, the copy right after the original, with the source lowercased
+    assert train.line_index.tolist() == sorted(list(range(300)) + chosen)
+    pairs = [(int(line), tok.decode_src(train[i][0]), tok.decode_tgt(train[i][1])) for i, line in
+             enumerate(train.line_index)]  # fmt: skip
+    for n in chosen:
+        copies = [(s, t) for line, s, t in pairs if line == n]
+        assert copies == [(src[n], tgt[n]), (src[n].lower(), tgt[n])]
+    assert prepare(config(write(tmp_path, "c", src, tgt), case_augment=0.25, vocab_size=400), out) == manifest
+    with pytest.raises(ConfigError, match=r"case_augment: must be in \[0, 1\], got 1.5"):
+        DataConfig(train="x", case_augment=1.5)
+
+
+def test_case_augment_skips_copies_that_change_nothing(tmp_path):
+    src, tgt = toy_pairs(200)  # already lowercase: a lowercased copy would only repeat the pair
+    manifest = prepare(config(write(tmp_path, "c", src, tgt), case_augment=0.5), tmp_path / "out")
+    assert manifest["splits"]["train"]["pairs"] == 200
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# translation
+
+
+def test_normalize_translates_the_lowercased_line_and_restores_its_style(copy_checkpoint):
+    translator = Translator.load(copy_checkpoint)
+    plain = translator.translate(["two girls play on the grass.", "a man rides the red bike."], beam=2)
+    assert plain == ["two girls play on the grass.", "a man rides the red bike."]  # the model copies
+    shouting = ["TWO GIRLS PLAY ON THE GRASS.", "A Man Rides The Red Bike."]
+    normalized = translator.translate(shouting, beam=2, input_case="normalize")
+    assert normalized == ["TWO GIRLS PLAY ON THE GRASS.", "A Man Rides The Red Bike."]
+    assert translator.translate(shouting, beam=2) != normalized  # keep: the model sees the capitals
+    nbest = translator.translate_nbest(shouting[:1], nbest=2, input_case="normalize")[0]
+    assert nbest[0].text == "TWO GIRLS PLAY ON THE GRASS." and all(t.text.isupper() for t in nbest)
+    with pytest.raises(ConfigError, match=r"input_case: 'lower' is not one of 'keep', 'normalize'"):
+        DecodeConfig(input_case="lower")
+
+
+def test_output_is_detokenised_and_keeps_case_and_punctuation(tmp_path):
+    """A cased toy model (trained in seconds on the copy task with capitals and punctuation) writes plain text."""
+    from decodekit import fit
+    from transduce.checkpoint import save_model
+    from transduce.config import ModelConfig
+    from transduce.model import Transformer
+    from transduce.search.common import pad_sequences
+    from transduce.special import BOS_ID, EOS_ID, PAD_ID
+
+    sentences = ["Hello, World!", "The Dog's Café.", "Zwei Hunde, ein Mann.", "Ça va? Oui!"] * 16
+    tok = Tokenizer.train(tmp_path / "vocab", sentences, vocab_size=320)
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                             dropout=0.0, d_model=64, d_ff=128)  # fmt: skip
+    model = Transformer(cfg)
+    ids = tok.encode_src_batch(sentences[:4])
+    batch = (
+        pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID),
+        pad_sequences([[BOS_ID, *s] for s in ids], PAD_ID),
+        pad_sequences([[*s, EOS_ID] for s in ids], PAD_ID),
+    )
+    fit(model, lambda: batch, steps=150, lr=1e-2)
+    path = save_model(tmp_path / "model", model.eval(), Config(model=cfg), tmp_path / "vocab")
+    out = Translator.load(path).translate(sentences[:4], beam=2)
+    assert out == sentences[:4]
+    assert not any("▁" in line or "<unk>" in line for line in out)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# precision: auto
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_auto_precision_on_the_cpu_follows_its_bf16_instructions(monkeypatch, native, expected):
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native)
+    precision, why = trainer_module.resolve_precision("auto", torch.device("cpu"))
+    assert precision == expected and why.startswith("auto: this CPU")
+    assert trainer_module.resolve_precision("fp32", torch.device("cpu")) == ("fp32", "as configured")
+    assert trainer_module.resolve_precision("bf16", torch.device("cpu")) == ("bf16", "as configured")
+
+
+@pytest.mark.parametrize(("supported", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_auto_precision_on_a_gpu_follows_its_bf16_support(monkeypatch, supported, expected):
+    calls = []
+
+    def is_bf16_supported(including_emulation=True):
+        calls.append(including_emulation)
+        return supported
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert trainer_module.resolve_precision("auto", torch.device("cuda:0"))[0] == expected
+    assert calls == [False]  # emulated bf16 (e.g. a V100) is no reason to train in bf16
+
+
+def test_the_trainer_logs_the_resolved_precision(monkeypatch, caplog):
+    from transduce.config import ModelConfig, TrainConfig
+    from transduce.model import Transformer
+
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: False)
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=20, tgt_vocab_size=20))
+    with caplog.at_level(logging.INFO, logger="transduce.trainer"):
+        trainer = trainer_module.Trainer(Config(train=TrainConfig()), model, torch.device("cpu"))
+    assert trainer.precision == "fp32" and trainer.autocast_dtype is None
+    assert "precision: fp32 (auto: this CPU has no bf16 instructions" in caplog.text
+
+
+def test_the_multi30k_configs_are_cased_and_train_in_auto_precision():
+    for pair in ("en_de", "de_en", "en_fr"):
+        raw = yaml.safe_load((ROOT / "configs" / f"multi30k_{pair}.yaml").read_text())
+        assert raw["data"].get("lowercase", False) is False, pair
+        assert raw["train"].get("precision", "auto") == "auto", pair
+        assert Config.load(ROOT / "configs" / f"multi30k_{pair}.yaml").train.precision == "auto"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# sacreBLEU and tokenised references
+
+
+def test_tokenized_references_are_recognised():
+    raw = ["Zwei junge Männer sind im Freien.", "Ein Mann, der Gitarre spielt.", "L'homme dit : « Oui ! »"]
+    assert tokenized_evidence(raw) is None  # French spaces before : ! ? ; are typography, not tokenisation
+    tokenized = ["zwei junge männer sind im freien .", "ein mann , der gitarre spielt .", "L'homme dit : « Oui ! »"]
+    expected = "2 of 3 lines have a space before '.' or ',' or a Moses escape such as &apos;"
+    assert tokenized_evidence(tokenized) == expected
+    assert tokenized_evidence(["it &apos;s a dog", "the dog &apos;s ball", "a dog ."]) is not None
+    assert tokenized_evidence([]) is None
+
+
+def test_evaluate_refuses_tokenized_references_before_translating(tmp_path):
+    hyp, ref = tmp_path / "hyp.de", tmp_path / "ref.de"
+    hyp.write_text("Ein Mann fährt.\nZwei Hunde.\n", encoding="utf-8")
+    ref.write_text("ein mann fährt .\nzwei hunde .\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "transduce.cli", "evaluate", "--hyp", str(hyp), "--ref", str(ref)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0 and done.stdout == ""
+    assert f"{ref}: the references look tokenised (2 of 2 lines have a space before '.' or ','" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    forced = subprocess.run([*cmd, "--force"], capture_output=True, text=True)
+    assert forced.returncode == 0 and forced.stdout.startswith("BLEU = ")
