@@ -12,7 +12,7 @@
 3. The winning model and settings translate the validation and test sets once, through ``transduce report
    --evaluate`` (``RUN/eval/scores.json``: both BLEU conventions with signatures).
 
-Nothing here looks at the test set before step 3. Prints markdown tables for ``benchmarks/multi30k.md``.
+Nothing here looks at the test set before step 3. Prints markdown tables for ``docs/multi30k.md``.
 """
 
 from __future__ import annotations

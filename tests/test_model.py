@@ -491,7 +491,7 @@ def test_parameter_counts_match_the_paper():
     assert big.num_parameters() == parameter_count(big.config) == 214_245_376
     assert abs(big.num_parameters() / 213e6 - 1) < 0.02
     # The paper's base figure implies ~41k embedding rows where its big figure implies ~36k (no one vocabulary
-    # fits both; see the README): the architecture gives 63.1 M for base, 3% under the rounded 65 M.
+    # fits both; see docs/design.md): the architecture gives 63.1 M for base, 3% under the rounded 65 M.
     assert abs(base.num_parameters() / 65e6 - 1) < 0.03
 
 

@@ -6,7 +6,7 @@ For decoding steps:
 - ``attend``: a decoding step attends with one new query per hypothesis (a few per sentence in cross-attention)
   over a short cache: per (row, head) a few dozen multiply-adds. ``torch.nn.functional.scaled_dot_product_attention``
   spends most of its time on that shape in per-call and per-(row, head) set-up; the kernel does the arithmetic
-  directly and made a beam search on the Multi30k model 1.21x faster (RESULTS_speed.md).
+  directly and made a beam search on the Multi30k model 1.21x faster (docs/benchmarks.md).
 - ``logsumexp`` and ``row_topk``: beam search's next-token candidates from the logits in two passes (the
   normaliser of each row, then its largest logits), instead of a log-softmax written out, a sum and a top-k;
   ``row_candidates``: both a row at a time (the logits read from memory once), for the steps where the search

@@ -202,7 +202,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     states reproduce the masks); the backward pass recomputes the mask from the seed, so dropout keeps no memory for
     it. On a bfloat16 (4086, 256) activation the kernel takes about 0.11 ms each way on two threads, against about
     2.8 ms forward plus backward for the earlier mask drawn from PyTorch's generator (``benchmarks/train_speed.py
-    --profile``, RESULTS_speed.md). The drop probability is rounded to a multiple of 2^-16 (0.3 becomes 0.300003),
+    --profile``, docs/benchmarks.md). The drop probability is rounded to a multiple of 2^-16 (0.3 becomes 0.300003),
     and the kept elements are scaled by the inverse of the rounded keep probability, so the expectation is preserved
     (exactly in float32; bfloat16 rounds the product once per element, as :func:`torch.nn.functional.dropout` does).
     Without the compiled kernels (no compiler, or ``TRANSDUCE_KERNELS=0``) and for other dtypes, PyTorch's operations
@@ -422,7 +422,7 @@ class FeedForward(nn.Module):
 #: CPU through transduce's attention kernel (:func:`transduce.model.kernels.attend`) for up to this many keys. One
 #: thread, the AVX-512 machine, 32 sentences x 4 heads of 32, a padding mask: 94 against SDPA's 139 us at 16 keys,
 #: 3.4 against 4.1 ms at 128, 18.0 against 15.5 ms at 256; the Multi30k model's encoder over the 1,000 test
-#: sentences 124 -> 103 ms (RESULTS_speed.md). 0 turns it off.
+#: sentences 124 -> 103 ms (docs/benchmarks.md). 0 turns it off.
 KERNEL_MAX_KEYS = 128
 
 

@@ -8,7 +8,7 @@ is for inference only: a copy, the float model is left as it is.
 Which layers: on a CPU with AVX512-VNNI (the int8 dot-product instructions, which PyTorch's int8 kernels use), every
 linear layer; elsewhere, layers with fewer than ``min_weights`` weights (65,536 by default) stay float32, since
 for them int8 is no faster, only less exact. Measured on one thread with ``benchmarks/linear_backends.py``
-(RESULTS_speed.md):
+(docs/benchmarks.md):
 
 - AVX2, no VNNI (an earlier AMD EPYC): dynamic int8 ran the `tiny` model's 128-wide projections (128 x 128 to
   128 x 384 weights) at 0.31-1.04x the speed of float32 at 4-128 rows, the `base` model's 512-wide ones at
@@ -26,7 +26,7 @@ with each row of the input quantised with its own scale and zero point; elsewher
 False) through PyTorch's operation (fbgemm), which quantises the whole input with one scale. On the `tiny`
 model's products (the Multi30k model's) the kernel took 1.9-19 us a call where fbgemm took 13-42 us (2.1-7.2x), and
 344 against 602 us on the (128 x 128) x (128 x 8,000) output projection (1.75x): fbgemm costs 10-15 us a call
-whatever its size (``benchmarks/linear_backends.py --preset tiny --rows 4,32,128 --threads 1``, RESULTS_speed.md).
+whatever its size (``benchmarks/linear_backends.py --preset tiny --rows 4,32,128 --threads 1``, docs/benchmarks.md).
 Per-row scales are also more exact than one scale per call, and a row's output does not depend on the other rows
 of its batch: the first 64 Multi30k test sentences all translated the same alone as in one batch (with fbgemm's
 one scale per call, 53 of them).

@@ -14,7 +14,7 @@ operations and no module calls:
   attention as views, with no head split or merge copies; the embedding, scale and position are one ``torch.add``.
 
 Why: a decoding step of a small model is made of many small operations, and in eager PyTorch each costs Python and
-dispatch time whatever its size: see RESULTS_speed.md for what it saved on the Multi30k model. Forward hooks on the
+dispatch time whatever its size: see docs/benchmarks.md for what it saved on the Multi30k model. Forward hooks on the
 decoder's modules do not run here; set :data:`FAST_STEP` to False to decode through the modules.
 """
 
@@ -39,7 +39,7 @@ BY_POSITION = True  # set False to gather the self-attention cache at every step
 # ... for batches whose padded source is at least this long. Below it, the cache gathered into row order inside the
 # attention kernel (attend_gathered) costs no more: beam 4 on the `small` model, one thread, the AVX-512 machine,
 # by position against gathered: 0.97x at 25 and 50 tokens, 0.92x at 100, 0.94x at 200, 1.00x at 400, 1.70x at
-# 800 (benchmarks/kv_cache.py, RESULTS_speed.md; before attend_gathered, against torch.index_select: 1.11x at 100,
+# 800 (benchmarks/kv_cache.py, docs/benchmarks.md; before attend_gathered, against torch.index_select: 1.11x at 100,
 # 1.23x at 400)
 BY_POSITION_MIN_SOURCE = 400
 

@@ -48,7 +48,7 @@ def gc_paused(search: Callable) -> Callable:
 
     A search step creates a few hundred short-lived Python objects (tensors, views, tuples), none in reference
     cycles, and every 700 of them the collector runs: 2% of a beam search on the Multi30k model
-    (RESULTS_speed.md). Nested and concurrent searches (the server's threads) share one pause: the collector goes
+    (docs/benchmarks.md). Nested and concurrent searches (the server's threads) share one pause: the collector goes
     back on when the last of them ends, if it was on when the first began. So that searches which keep overlapping
     (a busy server) do not keep it off for good, a search that ends when the shared pause has lasted
     :data:`PAUSE_LIMIT_S` runs a full collection and starts the count again. Calls to ``gc.enable`` or

@@ -4,7 +4,7 @@
 // attend: the attention of a step, a few queries per (sentence, head) over a short cache.
 // transduce.model.step.decode_step calls it instead of torch's scaled_dot_product_attention, whose cost per
 // (row, head) is made for long query blocks: for the one new query of a step it spent about 0.1-0.4 ms a call on
-// the Multi30k model, of which the arithmetic is a few microseconds (see RESULTS_speed.md).
+// the Multi30k model, of which the arithmetic is a few microseconds (see docs/benchmarks.md).
 // For each (n, h): scores = q k^T * scale over the T keys (masked keys excluded), softmax, weighted sum of v. The
 // same formula as scaled_dot_product_attention (max-subtracted softmax in float32); the exponential is a
 // polynomial accurate to about two units in the last place, so the outputs agree to float rounding, not bit for
@@ -60,7 +60,7 @@ inline __m128 sum4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
 // attend_one for head sizes of 32 and 64 with AVX-512: the query in registers, the scores of four keys reduced
 // together (sum4), the weighted sum of the values in two sets of accumulators (even and odd keys), so that the
 // additions of successive keys do not wait for each other. About 2x the compiler's vectorisation of the generic
-// loops (benchmarks/RESULTS_speed.md).
+// loops (docs/benchmarks.md).
 template <int64_t D, class KeyAt, class ValueAt>
 void attend_one_avx512(const float* __restrict q, KeyAt key, ValueAt value, const bool* mask, int64_t mask_step,
                        int64_t T, float scale, float* __restrict p, float* __restrict out) {
@@ -341,7 +341,7 @@ torch::Tensor attend_gathered(const torch::Tensor& q, const c10::optional<torch:
 // the log-probability is logit - logsumexp(logits), a constant shift, so the best candidates of a row are its
 // largest logits. transduce.search.beam takes the logsumexp of each row (before the search masks tokens), then
 // the top logits of each row (after), instead of a full log-softmax, a sum and a top-k over beam x vocabulary
-// values: two passes over the logits where that took five (RESULTS_speed.md); row_candidates does both a row at a
+// values: two passes over the logits where that took five (docs/benchmarks.md); row_candidates does both a row at a
 // time, when the search's masks are the same for every row (the usual step).
 
 namespace {
