@@ -366,10 +366,10 @@ def explicit_attention(
 
     The products run in the inputs' dtype (bf16 under autocast, as Hugging Face's eager attention); the softmax is
     float32, and its weights are cast to ``v``'s dtype for the product with the values. Under bf16 autocast the
-    gradients of a trained model (r19, 200 validation sentences) differed from float32 training by 2.88e-2
-    (relative norm) with these bf16 scores, 2.86e-2 with float32 scores and 3.41e-2 through SDPA's bf16 kernel
-    (``python benchmarks/attention_precision.py --model ...``): the linear layers' bf16 products dominate, and
-    float32 scores cost 1.04x the step. ``dropout_p`` drops attention weights (:func:`dropout`).
+    gradients of the Multi30k model (200 validation sentences) differed from float32 training by 2.88e-2
+    (relative norm) with these bf16 scores, 2.86e-2 with float32 scores and 3.41e-2 through SDPA's bf16 kernel:
+    the linear layers' bf16 products dominate, and float32 scores cost 1.04x the step. ``dropout_p`` drops
+    attention weights (:func:`dropout`).
 
     A query whose every key is masked gets zero weights and a zero output, as from SDPA.
 
