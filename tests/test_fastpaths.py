@@ -142,3 +142,22 @@ def test_a_training_step_is_the_same_with_every_fast_path_off():
             results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "capability, bf16, vnni, suffix, has, lacks",
+    [("AVX512", True, True, "avx512bf16_vnni", ["-mavx512bf16", "-mavx512vnni"], []),
+     ("AVX512", False, True, "avx512_vnni", ["-mavx512vnni"], ["-mavx512bf16"]),
+     ("AVX512", False, False, "avx2", ["-mavx2", "-mfma"], ["-mavx512f"]),
+     ("AVX2", False, False, "avx2", ["-mavx2", "-mfma"], ["-mavx512f"]),
+     ("DEFAULT", False, False, "generic", [], ["-mavx2"])],
+)  # fmt: skip
+def test_the_kernels_are_built_for_the_cpus_vector_extensions(monkeypatch, capability, bf16, vnni, suffix, has, lacks):
+    """CPUs without AVX-512 (or without its bf16 and VNNI extensions) get a build of their own, which the int8
+    product is left out of (int8_kernel then falls back to fbgemm) and whose name keeps it apart in the cache."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni, raising=False)
+    name, flags = kernels._arch_flags()
+    assert name == suffix
+    assert all(f in flags for f in has) and not any(f in flags for f in lacks)
