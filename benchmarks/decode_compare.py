@@ -23,14 +23,14 @@ same n-best lists and scores, ``tests/test_interop.py``). Speed hardly depends o
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from harness import add_common_args, apply_common_args, interleaved, machine, table
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.search import generate
@@ -150,11 +150,12 @@ def main() -> None:
     ap.add_argument("--batches", default="32,64")
     ap.add_argument("--modes", default="greedy,beam4")
     ap.add_argument("--decoders", default="ours,ours-early,ours-int8,ours-int8-early,hf,ct2,ct2-int8")
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--length-penalty", type=float, default=0.6, help="transduce's alpha (default: the paper's 0.6)")
     ap.add_argument("--length-norm", default="gnmt", help="transduce's penalty: gnmt or length (|Y| ** alpha)")
+    add_common_args(ap, reps=3)
     args = ap.parse_args()
+    apply_common_args(args)
     if not args.src and not args.sentences:
         args.sentences = 500
 
@@ -206,25 +207,24 @@ def main() -> None:
     ids, refs = load_inputs(args, translator)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     lowercase = bool(getattr(tok, "lowercase", False))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(machine())
     print(f"model {source}: {translator.model.num_parameters():,} parameters; {len(ids)} sentences; "
           f"median of {args.reps}; transduce's length penalty: {args.length_norm}, "
           f"alpha {args.length_penalty}\n")  # fmt: skip
 
-    print("| mode | batch | decoder | sent/s | output tok/s | vs CTranslate2 fp32 | BLEU | lc-tok BLEU |")
-    print("|---|---|---|---|---|---|---|---|")
+    rows = []
     for mode in args.modes.split(","):
         beam = 1 if mode == "greedy" else int(mode.removeprefix("beam"))
         for bs in map(int, args.batches.split(",")):
             batches = [[ids[i] for i in order[k : k + bs]] for k in range(0, len(order), bs)]
-            times: dict[str, list[float]] = {d.name: [] for d in decoders}
             outputs: dict[str, list[list[int]]] = {}
             active = [d for d in decoders if beam > 1 or not getattr(d, "early_stopping", False)]  # greedy: the same
-            for _ in range(args.reps):
-                for d in active:  # interleaved, so that a noisy moment hits every decoder alike
-                    t0 = time.perf_counter()
-                    outputs[d.name] = d.run(batches, beam)
-                    times[d.name].append(time.perf_counter() - t0)
+
+            def run(d, batches=batches, beam=beam, outputs=outputs) -> None:
+                outputs[d.name] = d.run(batches, beam)
+
+            # interleaved, so that a noisy moment hits every decoder alike
+            times = interleaved({d.name: lambda d=d: run(d) for d in active}, args.reps, warmup=0)
             base = statistics.median(times["CTranslate2 fp32"]) if "CTranslate2 fp32" in times else None
             for d in active:
                 t = statistics.median(times[d.name])
@@ -238,7 +238,10 @@ def main() -> None:
                     if lowercase:
                         lc = f"{score_tokenized_lowercase(hyps, refs, translator_lang(args)).bleu_lc_tok:.2f}"
                 ratio = f"{base / t:.2f}x" if base else "-"
-                print(f"| {mode} | {bs} | {d.name} | {len(ids) / t:.1f} | {n_tok / t:.0f} | {ratio} | {bleu} | {lc} |")
+                rows.append((mode, bs, d.name, f"{len(ids) / t:.1f}", f"{n_tok / t:.0f}", ratio, bleu, lc))
+            print(f"{mode}, batch {bs}: done", file=sys.stderr, flush=True)
+    header = ("mode", "batch", "decoder", "sent/s", "output tok/s", "vs CTranslate2 fp32", "BLEU", "lc-tok BLEU")
+    print(table(header, rows))
 
 
 def translator_lang(args) -> str:

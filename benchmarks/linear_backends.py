@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness import add_common_args, apply_common_args, interleaved, machine, table
+from transduce import fastpaths
 from transduce.config import ModelConfig
 from transduce.model import kernels, packed
 from transduce.model.quantize import int8_function, quantize_int8
@@ -30,20 +32,20 @@ from transduce.model.quantize import int8_function, quantize_int8
 def per_call(fns: list, reps: int) -> list[float]:
     """Median seconds per call of each function, timed interleaved (``reps`` rounds, each a few milliseconds of
     calls of every function in turn), so that a noisy moment hits all alike."""
-    counts = []
-    for fn in fns:
-        fn()
+
+    def calls_of(fn, calls: int) -> float:
         t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls
+
+    rounds = {}
+    for i, fn in enumerate(fns):
         fn()
-        counts.append(max(1, int(0.005 / max(time.perf_counter() - t0, 1e-7))))
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, calls, out in zip(fns, counts, times):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - t0) / calls)
-    return [statistics.median(t) for t in times]
+        calls = max(1, int(0.005 / max(calls_of(fn, 1), 1e-7)))
+        rounds[i] = functools.partial(calls_of, fn, calls)
+    times = interleaved(rounds, reps, warmup=0)
+    return [statistics.median(times[i]) for i in range(len(fns))]
 
 
 def main() -> None:
@@ -51,23 +53,22 @@ def main() -> None:
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--rows", default="4,32,128")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
+    add_common_args(ap, threads=1, reps=7)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    if not packed.ONEDNN:
+    apply_common_args(args)
+    if not fastpaths.onednn_available():
         raise SystemExit("this torch build has no oneDNN linear")
     cfg = ModelConfig.preset(args.preset, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab)
     d, f = cfg.d_model, cfg.d_ff
     shapes = [("self-attention Q/K/V", d, 3 * d, None), ("attention output, cross Q", d, d, None),
               ("feed-forward in + ReLU", d, f, "relu"), ("feed-forward out", f, d, None),
               ("pre-softmax projection", d, args.vocab, None)]  # fmt: skip
-    print(f"torch {torch.__version__}, {args.threads} thread(s); preset {args.preset} (d_model {d}, d_ff {f}); "
-          f"median of {args.reps}\n")  # fmt: skip
+    print(machine())
+    print(f"preset {args.preset} (d_model {d}, d_ff {f}); median of {args.reps}\n")
     vnni = hasattr(kernels.compiled(), "int8_linear")
-    print("| layer | rows | F.linear, us | GFLOP/s | oneDNN packed, us | speed-up | fbgemm int8, us | speed-up |"
-          + (" transduce int8, us | speed-up | vs fbgemm |" if vnni else ""))  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|---|" if vnni else ""))
+    header = ["layer", "rows", "F.linear, us", "GFLOP/s", "oneDNN packed, us", "speed-up", "fbgemm int8, us",
+              "speed-up"] + (["transduce int8, us", "speed-up", "vs fbgemm"] if vnni else [])  # fmt: skip
+    rows_out = []
     torch.manual_seed(0)
     with torch.inference_mode():
         for name, n_in, n_out, act in shapes:
@@ -95,12 +96,12 @@ def main() -> None:
                 times = per_call(fns, args.reps)
                 t_plain, t_packed, t_int8 = times[:3]
                 flop = 2 * rows * n_in * n_out
-                line = (f"| {name} | {rows} | {t_plain * 1e6:.1f} | {flop / t_plain / 1e9:.1f} | "
-                        f"{t_packed * 1e6:.1f} | {t_plain / t_packed:.2f}x | {t_int8 * 1e6:.1f} | "
-                        f"{t_plain / t_int8:.2f}x |")  # fmt: skip
+                cells = [name, rows, f"{t_plain * 1e6:.1f}", f"{flop / t_plain / 1e9:.1f}", f"{t_packed * 1e6:.1f}",
+                         f"{t_plain / t_packed:.2f}x", f"{t_int8 * 1e6:.1f}", f"{t_plain / t_int8:.2f}x"]  # fmt: skip
                 if vnni:
-                    line += f" {times[3] * 1e6:.1f} | {t_plain / times[3]:.2f}x | {t_int8 / times[3]:.2f}x |"
-                print(line)
+                    cells += [f"{times[3] * 1e6:.1f}", f"{t_plain / times[3]:.2f}x", f"{t_int8 / times[3]:.2f}x"]
+                rows_out.append(cells)
+    print(table(header, rows_out))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ import logging
 import time
 from pathlib import Path
 
-import torch
-
+from harness import add_common_args, apply_common_args, machine, table
 from transduce import checkpoint as ckpt
 from transduce.config import Config
 from transduce.evaluate import score_tokenized_lowercase
@@ -54,11 +53,11 @@ def main() -> None:
         "--norms", type=names, default=None,
         help="length penalty forms to try: gnmt, length (DecodeConfig.length_norm; default: the run's)",
     )  # fmt: skip
-    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
+    add_common_args(ap, reps=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_common_args(args)
+    print(machine())
 
     cfg = Config.load(args.run / "config.yaml")
     if not cfg.data.valid:
@@ -85,19 +84,17 @@ def main() -> None:
     beam0, alpha0, norm0 = cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.length_norm
     norms = args.norms or [norm0]
     print(f"\nValidation BLEU (lowercased, Moses-tokenised), beam {beam0}, alpha {alpha0} ({norm0}):\n")
-    print("| model | val BLEU | seconds |\n|---|---|---|")
-    scored = []
+    scored, cells = [], []
     for name, path in candidates:
         t0 = time.perf_counter()
         bleu = val_bleu(path)
         scored.append((bleu, name, path))
-        print(f"| {name} | {bleu:.2f} | {time.perf_counter() - t0:.0f} |", flush=True)
+        cells.append((name, f"{bleu:.2f}", f"{time.perf_counter() - t0:.0f}"))
+    print(table(("model", "val BLEU", "seconds"), cells))
     best_bleu, best_name, best_path = max(scored, key=lambda s: s[0])  # the first (simplest) wins ties
 
     print(f"\nDecoding grid on validation for {best_name}:\n")
-    print("| beam | penalty | " + " | ".join(f"alpha {a}" for a in args.alphas) + " |")
-    print("|---|---|" + "---|" * len(args.alphas))
-    grid = {}
+    grid, cells = {}, []
     own = (beam0, norm0, alpha0)
     for beam in args.beams:
         for norm in norms:
@@ -108,14 +105,16 @@ def main() -> None:
                 bleu = best_bleu if key == own else val_bleu(best_path, **decode)
                 grid[key] = bleu
                 row.append(f"{bleu:.2f}")
-            print(f"| {beam} | {norm} | " + " | ".join(row) + " |", flush=True)
+            cells.append((beam, norm, *row))
+    print(table(("beam", "penalty", *(f"alpha {a}" for a in args.alphas)), cells))
     beam, norm, alpha = max(grid, key=lambda k: (grid[k], k == own))  # ties: the run's own settings
 
     print(f"\nChosen: {best_name}, beam {beam}, alpha {alpha} ({norm}); scoring validation and test sets once:\n")
     result = evaluate_run(args.run, model=best_path, beam=beam, length_penalty=alpha, length_norm=norm)
-    print("| set | BLEU lowercased Moses-tokenised | sacreBLEU cased | chrF |\n|---|---|---|---|")
-    for name, s in result["sets"].items():
-        print(f"| {name} | {s['bleu_lc_tok']:.2f} | {s['bleu']:.2f} | {s['chrf']:.2f} |")
+    cells = [
+        (name, f"{s['bleu_lc_tok']:.2f}", f"{s['bleu']:.2f}", f"{s['chrf']:.2f}") for name, s in result["sets"].items()
+    ]
+    print(table(("set", "BLEU lowercased Moses-tokenised", "sacreBLEU cased", "chrF"), cells))
     first = next(iter(result["sets"].values()))
     print(f"\n{first['bleu_lc_tok_signature']}\n{first['bleu_signature']}\nwritten: {args.run / 'eval'}")
 

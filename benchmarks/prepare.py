@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import add_common_args, apply_common_args, machine, table
+
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 
@@ -126,19 +128,17 @@ def sampler_speed(prepared: Path, max_tokens: int) -> dict:
             "collate_batches_per_s": k / with_collate}  # fmt: skip
 
 
-def padding_table(prepared: Path) -> list[str]:
+def padding_table(prepared: Path) -> str:
     from transduce.data import ParallelDataset, TokenBatchSampler, padding_stats
 
     ds = ParallelDataset(prepared, "train")
-    rows = ["| max_tokens | batches | sentences/batch | padding src | padding tgt | padding both |"]
-    rows.append("|---|---|---|---|---|---|")
+    rows = []
     for max_tokens in (2048, 4096, 8192, 25000):
         s = padding_stats(TokenBatchSampler(ds.src_lengths, ds.tgt_lengths, max_tokens, seed=1))
-        rows.append(
-            f"| {max_tokens} | {s['batches']} | {s['sentences'] / s['batches']:.0f} | {s['src_padding_share']:.1%} "
-            f"| {s['tgt_padding_share']:.1%} | {s['padding_share']:.1%} |"
-        )
-    return rows
+        rows.append((max_tokens, s["batches"], f"{s['sentences'] / s['batches']:.0f}", f"{s['src_padding_share']:.1%}",
+                     f"{s['tgt_padding_share']:.1%}", f"{s['padding_share']:.1%}"))  # fmt: skip
+    header = ("max_tokens", "batches", "sentences/batch", "padding src", "padding tgt", "padding both")
+    return table(header, rows)
 
 
 def main() -> None:
@@ -151,25 +151,27 @@ def main() -> None:
     parser.add_argument("--workdir", help="where corpora and outputs go (default: a temporary directory)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    add_common_args(parser, reps=None)
     args = parser.parse_args()
+    apply_common_args(args)
     if args.child:
         return child(args)
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="transduce-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, workers={args.workers or os.cpu_count()}\n")  # fmt: skip
+    print(machine())
+    print(f"Python {platform.python_version()}, encoding workers: {args.workers or os.cpu_count()}\n")
 
     if (MULTI30K / "train.en.gz").is_file():
         cfg = {"train": str(MULTI30K / "train"), "valid": str(MULTI30K / "val"),
                "test": [str(MULTI30K / "test_2016_flickr")], "vocab_size": 8000, "workers": args.workers}  # fmt: skip
         r = run_prepare(cfg, work / "multi30k")
         print("### Multi30k En-De (train 29k + val 1,014 + test 1,000; joint BPE 8k)\n")
-        print("| pairs | prepare time | pairs/s | peak RSS main | peak RSS worker |\n|---|---|---|---|---|")
-        print(f"| {r['pairs']:,} | {r['seconds']:.1f} s | {r['pairs'] / r['seconds']:,.0f} | "
-              f"{r['main_peak_mib']:.0f} MiB | {r['worker_peak_mib']:.0f} MiB |\n")  # fmt: skip
+        cells = [(f"{r['pairs']:,}", f"{r['seconds']:.1f} s", f"{r['pairs'] / r['seconds']:,.0f}",
+                  f"{r['main_peak_mib']:.0f} MiB", f"{r['worker_peak_mib']:.0f} MiB")]  # fmt: skip
+        print(table(("pairs", "prepare time", "pairs/s", "peak RSS main", "peak RSS worker"), cells) + "\n")
         print("Padding share of training batches (token budget per side, padding and eos/bos counted):\n")
-        print("\n".join(padding_table(work / "multi30k")) + "\n")
+        print(padding_table(work / "multi30k") + "\n")
     else:
         print(f"(Multi30k not found at {MULTI30K}; skipped)\n")
 
@@ -189,16 +191,15 @@ def main() -> None:
         r["mib"] = (Path(f"{prefix}.src").stat().st_size + Path(f"{prefix}.tgt").stat().st_size) / 2**20
         rows.append(r)
     print(f"### Synthetic corpora (vocabulary sample {args.sample:,} sentences, joint BPE 8k)\n")
-    print("| pairs | raw text | prepare time | pairs/s | peak RSS main | peak RSS worker |\n|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['size']:,} | {r['mib']:.0f} MiB | {r['seconds']:.1f} s | {r['pairs'] / r['seconds']:,.0f} "
-              f"| {r['main_peak_mib']:.0f} MiB | {r['worker_peak_mib']:.0f} MiB |")  # fmt: skip
+    cells = [(f"{r['size']:,}", f"{r['mib']:.0f} MiB", f"{r['seconds']:.1f} s", f"{r['pairs'] / r['seconds']:,.0f}",
+              f"{r['main_peak_mib']:.0f} MiB", f"{r['worker_peak_mib']:.0f} MiB") for r in rows]  # fmt: skip
+    print(table(("pairs", "raw text", "prepare time", "pairs/s", "peak RSS main", "peak RSS worker"), cells))
     s = sampler_speed(work / f"prepared{args.sizes[-1]}", args.max_tokens)
     print(f"\n### Sampler on {s['pairs']:,} pairs, max_tokens={args.max_tokens}\n")
-    print("| batches/epoch | build (sort + cut) | batches/s (indices) | batches/s (indices + collate) |")
-    print("|---|---|---|---|")
-    print(f"| {s['batches']:,} | {s['build_s']:.2f} s | {s['batches_per_s']:,.0f} | "
-          f"{s['collate_batches_per_s']:,.0f} |")  # fmt: skip
+    header = ("batches/epoch", "build (sort + cut)", "batches/s (indices)", "batches/s (indices + collate)")
+    cells = [(f"{s['batches']:,}", f"{s['build_s']:.2f} s", f"{s['batches_per_s']:,.0f}",
+              f"{s['collate_batches_per_s']:,.0f}")]  # fmt: skip
+    print(table(header, cells))
     print(f"\n(corpora and outputs in {work})", file=sys.stderr)
     return None
 

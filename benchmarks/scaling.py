@@ -24,11 +24,11 @@ attention kernels (``transduce.model.kernels``; both recorded for the profiler b
 torch.profiler, one run in another process, with tcmalloc preloaded when installed (see ``profile_env``), Python
 overhead between operators not counted. It is the part quadratic in length (Q K^T, softmax, weights x V); the Q/K/V
 and output projections are linear in length and not counted. Beside it for training: attention's share of the matmul
-FLOPs (``speed_common.forward_flops``), and for decoding the share of ``cat`` + ``index_select`` (growing the KV
-cache by one position per step and re-ordering it between beams: O(L) per step, O(L^2) per sentence; for sources of
-32 tokens or more the cache is stored by position and neither copied nor gathered, only its row table is:
-``transduce.model.step``). Training is also measured at ``--train-long`` lengths (800 and 1600 by default; cheap
-under the token budget) to show where attention overtakes the rest.
+FLOPs (``train_common.forward_flops``), and for decoding the share of ``cat`` + ``index_select`` (growing the KV cache
+by one position per step and re-ordering it between beams: O(L) per step, O(L^2) per sentence; for sources of
+``fastpaths.settings.by_position_min_source`` tokens or more the cache is stored by position and neither copied nor
+gathered, only its row table is: ``transduce.model.step``). Training is also measured at ``--train-long`` lengths (800
+and 1600 by default; cheap under the token budget) to show where attention overtakes the rest.
 
 Peak memory: each measurement runs in its own process; peak RSS is ``resource.getrusage(RUSAGE_SELF).ru_maxrss``
 (the high-water mark of resident memory) read after the timed runs; "above model" subtracts the high-water mark
@@ -56,9 +56,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import transduce.model.layers as layers
-from speed_common import (
-    TCMALLOC,
-    environment,
+from harness import TCMALLOC, add_common_args, apply_common_args, machine, table
+from train_common import (
     fixed_batch,
     forward_flops,
     model_config,
@@ -264,8 +263,8 @@ def plot(rows: list[dict], path: Path, train_title: str) -> None:
             ax2.plot(xs, share, ls, color=color, marker=markers[ci % 4], label=f"{config}: {kind}")
     ref = [r for r in rows if r["kind"] != "train" and r["config"] == configs[0]]
     if ref:  # guides: linear and quadratic growth from the shortest translation point
-        r0 = min(ref, key=lambda r: (r["length"], r["seconds"]))
-        x0, y0 = r0["length"], 1000 * r0["seconds"] / r0["sentences"]
+        shortest = min(ref, key=lambda r: (r["length"], r["seconds"]))
+        x0, y0 = shortest["length"], 1000 * shortest["seconds"] / shortest["sentences"]
         xs = sorted({r["length"] for r in ref})
         ax1.plot(xs, [y0 * x / x0 for x in xs], ":", color="grey", label="~ L (guide)")
         ax1.plot(xs, [y0 * (x / x0) ** 2 for x in xs], "-.", color="grey", label="~ L² (guide)")
@@ -295,21 +294,19 @@ def main() -> None:
     ap.add_argument("--train-sentences", type=int, default=0, help="sentences per training step (instead of a budget)")
     ap.add_argument("--batch", type=int, default=8, help="sentences per translation batch")
     ap.add_argument("--out-len", default="source", help="decoded tokens: 'source' (= L) or a fixed number")
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     ap.add_argument("--plot", default=str(HERE / "scaling.png"), help="PNG to write ('' for none)")
     ap.add_argument("--memory-configs", default="small,base", help="configs of the peak-memory table ('' for none)")
     ap.add_argument("--save-json", default="", help="also write every measurement to this JSON file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    add_common_args(ap, reps=3)
     args = ap.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(run_worker(json.loads(args.worker))))
         return
 
-    if args.threads:
-        torch.set_num_threads(args.threads)  # for the environment line; the workers set their own
-    print(environment())
+    apply_common_args(args)  # for the machine line; the workers set their own
+    print(machine())
     train_batch = (f"{args.train_sentences} sentences" if args.train_sentences
                    else f"{args.train_tokens} tokens per side")  # fmt: skip
     print(f"length scan: configs {args.configs}; training batch {train_batch}; translation batch {args.batch} "
@@ -335,29 +332,33 @@ def main() -> None:
 
     if rows:
         print(f"\nTraining step, batch of {train_batch}, sentence pairs of L + L tokens (no padding):\n")
-        md_row("config", "L", "sentences", "tokens (src+tgt)", "ms/step", "µs/token", "per token vs shortest",
-               "attention share of time", "of FLOPs", "peak RSS MiB", "above model MiB", header=True)  # fmt: skip
+        header = ("config", "L", "sentences", "tokens (src+tgt)", "ms/step", "µs/token", "per token vs shortest",
+                  "attention share of time", "of FLOPs", "peak RSS MiB", "above model MiB")  # fmt: skip
+        cells = []
         for config in dict.fromkeys(r["config"] for r in rows):
             train = [r for r in rows if r["config"] == config and r["kind"] == "train"]
             for r in train:
                 per_tok = r["seconds"] / r["tokens"]
                 rel = per_tok / (train[0]["seconds"] / train[0]["tokens"])
                 flops = attention_flop_share(config, args.vocab, r["length"])
-                md_row(config, r["length"], r["sentences"], f"{r['tokens']:,}", f"{1000 * r['seconds']:.0f}",
-                       f"{1e6 * per_tok:.0f}", f"{rel:.2f}x", f"{r['attention']:.0%}", f"{flops:.0%}",
-                       *memory_cells(r))  # fmt: skip
+                cells.append((config, r["length"], r["sentences"], f"{r['tokens']:,}", f"{1000 * r['seconds']:.0f}",
+                              f"{1e6 * per_tok:.0f}", f"{rel:.2f}x", f"{r['attention']:.0%}", f"{flops:.0%}",
+                              *memory_cells(r)))  # fmt: skip
+        print(table(header, cells))
         out = "L tokens + EOS" if args.out_len == "source" else f"{args.out_len} tokens + EOS"
         print(f"\nTranslation, batches of {args.batch} sentences of L tokens, output forced to {out}:\n")
-        md_row("config", "L", "search", "ms/sentence", "ms per output token", "attention share",
-               "cache cat/index_select share", "peak RSS MiB", "above model MiB", header=True)  # fmt: skip
+        header = ("config", "L", "search", "ms/sentence", "ms per output token", "attention share",
+                  "cache cat/index_select share", "peak RSS MiB", "above model MiB")  # fmt: skip
+        cells = []
         for config in dict.fromkeys(r["config"] for r in rows):
             for r in rows:
                 if r["config"] != config or r["kind"] == "train":
                     continue
                 per_sent = r["seconds"] / r["sentences"]
-                md_row(config, r["length"], r["kind"], f"{1000 * per_sent:.1f}",
-                       f"{1000 * per_sent / (r['out_len'] + 1):.2f}", f"{r['attention']:.0%}", f"{r['cache']:.0%}",
-                       *memory_cells(r))  # fmt: skip
+                cells.append((config, r["length"], r["kind"], f"{1000 * per_sent:.1f}",
+                              f"{1000 * per_sent / (r['out_len'] + 1):.2f}", f"{r['attention']:.0%}",
+                              f"{r['cache']:.0%}", *memory_cells(r)))  # fmt: skip
+        print(table(header, cells))
         if args.save_json:
             Path(args.save_json).write_text(json.dumps(rows, indent=1))
         if args.plot:
@@ -367,18 +368,19 @@ def main() -> None:
     memory = [c for c in args.memory_configs.split(",") if c]
     if memory:
         print("\nPeak memory of training and translation (fresh process each; ru_maxrss):\n")
-        md_row("config", "parameters", "what", "batch", "time", "peak RSS MiB", "above model MiB", header=True)
+        cells = []
         for config in memory:
             spec = {**common, "config": config, "length": 0, "profile": False, "reps": 1}
             tr = measure({**spec, "kind": "train4k"})
             s, t = tr["shape"]
             batch = f"{tr['sentences']} sentences, {s[0] * s[1]:,}/{t[0] * t[1]:,} src/tgt tokens padded"
-            md_row(config, f"{tr['params'] / 1e6:.1f}M", "training step (Adam)", batch, f"{tr['seconds']:.2f} s",
-                   *memory_cells(tr))  # fmt: skip
+            cells.append((config, f"{tr['params'] / 1e6:.1f}M", "training step (Adam)", batch,
+                          f"{tr['seconds']:.2f} s", *memory_cells(tr)))  # fmt: skip
             de = measure({**spec, "kind": "translate32"})
             batch = f"32 sentences, source {de['shape'][1]} wide, {de['out_tokens']:,} tokens out"
-            md_row(config, f"{de['params'] / 1e6:.1f}M", "translation, beam 4", batch, f"{de['seconds']:.2f} s",
-                   *memory_cells(de))  # fmt: skip
+            cells.append((config, f"{de['params'] / 1e6:.1f}M", "translation, beam 4", batch,
+                          f"{de['seconds']:.2f} s", *memory_cells(de)))  # fmt: skip
+        print(table(("config", "parameters", "what", "batch", "time", "peak RSS MiB", "above model MiB"), cells))
 
 
 def attention_flop_share(config: str, vocab: int, length: int) -> float:
@@ -386,12 +388,6 @@ def attention_flop_share(config: str, vocab: int, length: int) -> float:
     c = model_config(config, vocab)
     n = torch.tensor([length + 1])
     return 1 - forward_flops(c, n, n, attention=False) / forward_flops(c, n, n)
-
-
-def md_row(*cells, header: bool = False) -> None:
-    print("| " + " | ".join(str(c) for c in cells) + " |")
-    if header:
-        print("|" + "---|" * len(cells))
 
 
 def memory_cells(r: dict) -> tuple[str, str]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import random
 import statistics
 import sys
@@ -32,8 +30,8 @@ import time
 from pathlib import Path
 
 import httpx
-import torch
 
+from harness import add_common_args, apply_common_args, machine, table
 from transduce.serve import ServerThread, create_app
 from transduce.translate import Translator
 
@@ -101,13 +99,12 @@ def main() -> None:
     parser.add_argument("--max-sentences", type=int, default=4, help="to")
     parser.add_argument("--beam", type=int, help="beam size of every request (default: the model's)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     parser.add_argument("--compare", action="store_true", help="also run without batching (one request per call)")
     parser.add_argument("--seed", type=int, default=0)
+    add_common_args(parser, reps=None)
     args = parser.parse_args()
-    load = os.getloadavg()[0]  # other work on the machine; the numbers are only comparable at similar loads
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_common_args(args)
+    print(machine())  # its load average: other work on the machine; numbers compare only at similar loads
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
@@ -143,16 +140,14 @@ def main() -> None:
     beam = args.beam or translator.decode.beam
     print(
         f"Model: {model_name}; beam {beam}. {args.requests} requests of {args.min_sentences}-{args.max_sentences} "
-        f"sentences from {args.clients} concurrent clients; {os.cpu_count()} CPU cores ({platform.machine()}), "
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), load average before the run "
-        f"{load:.1f}.\n"
+        f"sentences from {args.clients} concurrent clients.\n"
     )
     columns = ["requests/s", "sentences/s", "p50 ms", "p99 ms", "batches", "calls", "sentences/call", "busy %"]
-    print("| server | " + " | ".join(columns) + " | errors |")
-    print("|---|" + "---|" * (len(columns) + 1))
-    for name, r in results.items():
-        cells = [f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns]
-        print(f"| {name} | " + " | ".join(cells) + f" | {r['errors']} |")
+    rows = [
+        [name] + [f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns] + [r["errors"]]
+        for name, r in results.items()
+    ]
+    print(table(["server", *columns, "errors"], rows))
 
 
 if __name__ == "__main__":

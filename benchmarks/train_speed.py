@@ -11,15 +11,16 @@ scaled by sqrt(d_model), sinusoidal positions, dropout 0.1 on the embeddings and
 attention weights or the FFN activation, which is what the presets say):
 
 - ``transduce``: :class:`transduce.model.Transformer`.
-- ``torch.nn.Transformer``: ``speed_common.TorchTransformer``, the same function on ``nn.Transformer`` (without the
+- ``torch.nn.Transformer``: ``train_common.TorchTransformer``, the same function on ``nn.Transformer`` (without the
   final encoder/decoder LayerNorms ``nn.Transformer`` adds by default, which a post-norm model does not have).
 - ``MarianMTModel``: built with ``transduce.interop.marian.marian_config`` and our weights copied in with
   ``copy_to_marian``; called with ``use_cache=False`` (no KV cache in training); transformers' default attention
   (``sdpa``). ``--models ...,marian-eager`` adds a second copy with ``attn_implementation="eager"`` (explicit
   ``softmax(QK^T)V`` products, which on the CPU are faster than SDPA's flash kernel at these lengths, see below); it
   counts as a peer.
-- ``--models ...,sdpa`` adds a row for our model with ``layers.EXPLICIT_CPU_BACKWARD`` off: attention through
-  ``scaled_dot_product_attention``'s CPU (flash) kernel in training as well, as before that switch existed.
+- ``--models ...,sdpa`` adds a row for our model with its explicit training attention off
+  (``fastpaths.override(explicit_attention_max_keys=0)``): attention through ``scaled_dot_product_attention``'s CPU
+  (flash) kernel in training as well.
 
 Before timing, the copies must reproduce our logits in eval mode (max |diff| < 1e-4, asserted).
 
@@ -34,7 +35,7 @@ One repetition runs every batch once for each model, models in rotating order; t
 ``--reps`` repetitions after ``--warmup`` steps per model.
 
 tokens/s counts real source + target tokens (EOS/BOS included, padding not). Achieved FLOP/s counts matrix-product
-FLOPs analytically (``speed_common.forward_flops``), over each sentence's real lengths s and t:
+FLOPs analytically (``train_common.forward_flops``), over each sentence's real lengths s and t:
 
     forward = 2 (P_src * sum s + P_tgt * sum t) + 4 d * sum (L_enc s^2 + L_dec (t s + t (t + 1) / 2))
     P_src   = L_enc (4 d^2 + 2 d d_ff) + L_dec 2 d^2            (encoder; cross-attention K, V of the memory)
@@ -52,7 +53,7 @@ implementation; the learning-rate schedule; the gradient-norm check of every upd
 
 The contenders' dropout is each one's own (the same probabilities): transduce's CPU dropout
 (``transduce.model.layers.dropout``, a mask from 16 random bits per element) against PyTorch's ``F.dropout`` in
-both peers; ``--torch-dropout`` gives transduce ``F.dropout`` too, to separate that difference.
+both peers.
 
 ``--profile`` adds, per configuration and precision, a breakdown of our step (without dropout, forward only,
 forward + backward, the output projection + loss alone, Adam alone in its three implementations) and the
@@ -73,25 +74,32 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-import transduce.model.layers as layers
-from speed_common import (
+from harness import (
     TCMALLOC,
+    add_common_args,
+    apply_common_args,
+    cpu_has_native_bf16,
+    interleaved,
+    machine,
+    median_seconds,
+    table,
+    tcmalloc_loaded,
+)
+from train_common import (
     MarianLogits,
     Peaks,
     TorchTransformer,
     autocast,
     copy_to_torch,
-    cpu_has_native_bf16,
     describe_batches,
-    environment,
     gflops,
     max_logit_diff,
     measure_peaks,
     model_config,
-    tcmalloc_loaded,
     token_batches,
     train_flops,
 )
+from transduce import fastpaths
 from transduce.config import Config, TrainConfig
 from transduce.data.batch import Batch
 from transduce.loss import label_smoothed_nll
@@ -107,14 +115,11 @@ TRAINER = "transduce Trainer.train_step"
 
 
 def sdpa_attention(step: Callable[[list[Batch], str], float]) -> Callable[[list[Batch], str], float]:
-    """``step`` with ``layers.EXPLICIT_CPU_BACKWARD`` off: attention through SDPA's CPU kernel in training too."""
+    """``step`` with the explicit training attention off: attention through SDPA's CPU kernel in training too."""
 
     def run(batches: list[Batch], precision: str) -> float:
-        layers.EXPLICIT_CPU_BACKWARD = False
-        try:
+        with fastpaths.override(explicit_attention_max_keys=0):
             return step(batches, precision)
-        finally:
-            layers.EXPLICIT_CPU_BACKWARD = True
 
     return run
 
@@ -166,18 +171,6 @@ def trainer_stepper(ours: Transformer) -> Callable[[list[Batch], str], float]:
     return run
 
 
-def median_time(fn: Callable[[], float | None], reps: int, warmup: int = 1) -> float:
-    """Median over ``reps`` calls of ``fn`` (its return value when it returns seconds, else wall time)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        t = fn()
-        times.append(t if t is not None else time.perf_counter() - start)
-    return statistics.median(times)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # where the time goes
 
@@ -195,7 +188,7 @@ def breakdown(model: Transformer, batches: list[Batch], precision: str, reps: in
             model.train()
 
     opt = make_adam(params, adam)
-    rows.append(("full step without dropout", median_time(no_dropout, reps)))
+    rows.append(("full step without dropout", median_seconds(no_dropout, reps)))
 
     def forward() -> None:
         for batch in batches:
@@ -206,8 +199,8 @@ def breakdown(model: Transformer, batches: list[Batch], precision: str, reps: in
             loss_of(model, batch, precision).backward()
         model.zero_grad(set_to_none=True)
 
-    rows.append(("forward + loss (autograd on)", median_time(forward, reps)))
-    rows.append(("forward + loss + backward", median_time(forward_backward, reps)))
+    rows.append(("forward + loss (autograd on)", median_seconds(forward, reps)))
+    rows.append(("forward + loss + backward", median_seconds(forward_backward, reps)))
 
     c = model.config
     hidden = [torch.randn(b.tgt_in.shape[0], b.tgt_in.shape[1], c.d_model, requires_grad=True) for b in batches]
@@ -220,7 +213,9 @@ def breakdown(model: Transformer, batches: list[Batch], precision: str, reps: in
             (loss_sum / n).backward()
         model.zero_grad(set_to_none=True)
 
-    rows.append((f"output projection (d x {c.tgt_vocab_size}) + log-softmax loss, fwd + bwd", median_time(head, reps)))
+    rows.append(
+        (f"output projection (d x {c.tgt_vocab_size}) + log-softmax loss, fwd + bwd", median_seconds(head, reps))
+    )
     for kind in ("loop", "foreach", "fused"):
         o = make_adam(params, kind)
         for p in params:
@@ -230,14 +225,12 @@ def breakdown(model: Transformer, batches: list[Batch], precision: str, reps: in
             for _ in batches:
                 o.step()
 
-        rows.append((f"Adam step alone ({kind})", median_time(step, reps)))
+        rows.append((f"Adam step alone ({kind})", median_seconds(step, reps)))
         del o
     model.zero_grad(set_to_none=True)
     print(f"\nWhere the time of our step goes ({len(batches)} batches, median of {reps}):\n")
-    print("| piece | ms per step | share of the full step |")
-    print("|---|---|---|")
-    for name, t in rows:
-        print(f"| {name} | {1000 * t / len(batches):.0f} | {t / full:.0%} |")
+    cells = [(name, f"{1000 * t / len(batches):.0f}", f"{t / full:.0%}") for name, t in rows]
+    print(table(("piece", "ms per step", "share of the full step"), cells))
 
 
 def profile_table(model: Transformer, batches: list[Batch], precision: str, adam: str, rows: int) -> None:
@@ -260,34 +253,28 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096, help="batch budget per side, padding included")
     ap.add_argument("--lengths", default="multi30k", choices=["multi30k", "wmt"])
     ap.add_argument("--steps", type=int, default=2, help="batches (updates) per repetition and model")
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="untimed updates per model before timing")
     ap.add_argument("--adam", default="foreach", choices=["foreach", "fused", "loop"])
     ap.add_argument("--models", default="transduce,torch,marian", help="contenders (+ trainer: see above)")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--torch-dropout", action="store_true", help="transduce with F.dropout, as the peers")
     ap.add_argument("--profile", action="store_true", help="also show where the time of our step goes")
     ap.add_argument("--profile-rows", type=int, default=25)
+    add_common_args(ap, reps=3)
     args = ap.parse_args()
+    apply_common_args(args)
     precisions = args.precision.split(",")
     assert set(precisions) <= {"fp32", "bf16"}, f"--precision: fp32 and/or bf16, got {args.precision}"
     wanted = args.models.split(",")
     assert set(wanted) <= {"transduce", "sdpa", "torch", "marian", "marian-eager", "trainer"}, args.models
     assert "transduce" in wanted, args.models
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.torch_dropout:
-        layers.FAST_CPU_DROPOUT = False
-
-    print(environment())
+    print(machine())
     peaks: Peaks = measure_peaks()
     print(f"measured matmul peak (best torch.mm of two layouts): {peaks.describe()}")
     if "bf16" in precisions and not cpu_has_native_bf16():
         print(
             "NOTE: this CPU has no bf16 matrix instructions (avx512_bf16 / amx_bf16): bf16 autocast is emulated and "
-            "slower than fp32, so the bf16 rows show this machine's limit, not the models' (the issue's 1.3x bf16 "
-            "target needs a CPU with bf16 instructions or a GPU)."
+            "slower than fp32, so the bf16 rows show this machine's limit, not the models' (judging bf16 needs a "
+            "CPU with bf16 instructions or a GPU)."
         )
     print(
         f"step: forward + label-smoothed loss (0.1) + backward + Adam ({args.adam}) + zero_grad; "
@@ -344,11 +331,8 @@ def main() -> None:
             for step in steppers.values():
                 for i in range(args.warmup):
                     step([batches[i % len(batches)]], precision)
-            times: dict[str, list[float]] = {m: [] for m in steppers}
-            order = list(steppers)
-            for rep in range(args.reps):
-                for m in order[rep % len(order) :] + order[: rep % len(order)]:  # rotate who goes first
-                    times[m].append(steppers[m](batches, precision))
+            runs = {m: functools.partial(step, batches, precision) for m, step in steppers.items()}
+            times = interleaved(runs, args.reps, warmup=0)
             for m in steppers:
                 results.append((name, precision, m, statistics.median(times[m]), tokens, flops))
             print(f"{name} {precision}: " + ", ".join(f"{m} {[round(t, 2) for t in times[m]]} s" for m in times))
@@ -364,17 +348,17 @@ def main() -> None:
         del models, steppers, ours
         gc.collect()
 
-    print(
-        "\n| config | precision | model | ms/step | tokens/s (src+tgt) | vs fastest peer | GFLOP/s | of matmul peak |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    rows = []
     for name, precision, m, dt, tokens, flops in results:
         peers = [tok / t for n, p, mm, t, tok, _ in results if n == name and p == precision and mm in PEERS]
         speed = tokens / dt
         vs = f"{speed / max(peers):.2f}x" if peers else "-"
         achieved = flops / dt
-        print(f"| {name} | {precision} | {m} | {1000 * dt / args.steps:.0f} | {speed:,.0f} | {vs} | "
-              f"{gflops(achieved)} | {achieved / peaks.of(precision):.1%} |")  # fmt: skip
+        rows.append((name, precision, m, f"{1000 * dt / args.steps:.0f}", f"{speed:,.0f}", vs, gflops(achieved),
+                     f"{achieved / peaks.of(precision):.1%}"))  # fmt: skip
+    header = ("config", "precision", "model", "ms/step", "tokens/s (src+tgt)", "vs fastest peer", "GFLOP/s",
+              "of matmul peak")  # fmt: skip
+    print("\n" + table(header, rows))
     if len(precisions) == 2:
         print("\nbf16 autocast / fp32 throughput:")
         for name in args.configs.split(","):

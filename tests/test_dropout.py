@@ -156,18 +156,25 @@ def test_odd_sizes_and_non_contiguous_input(path):
     torch.testing.assert_close(out[kept], x[kept] * 2.0)
 
 
-def test_module_and_switch_back_to_torch(monkeypatch):
+def test_module_and_pytorchs_dropout_where_no_draw_keeps(monkeypatch):
+    """The module is the function; a drop probability within 2^-17 of 1, where no 16-bit draw would keep an element,
+    goes to PyTorch's dropout (which keeps a few)."""
     module = Dropout(0.3)
     assert isinstance(module, torch.nn.Dropout) and module.p == 0.3
     x = torch.randn(50, 20)
     module.eval()
     assert module(x) is x
     module.train()
-    monkeypatch.setattr(layers, "FAST_CPU_DROPOUT", False)
     torch.manual_seed(5)
-    expected = F.dropout(x, 0.3, True)
+    expected = dropout(x, 0.3, True)
     torch.manual_seed(5)
     assert torch.equal(module(x), expected)
+    p = 1.0 - 2.0**-18
+    assert layers._keep_levels(p) == 0
+    torch.manual_seed(6)
+    expected = F.dropout(x, p, True)
+    torch.manual_seed(6)
+    assert torch.equal(dropout(x, p, True), expected)
 
 
 def test_model_uses_it():

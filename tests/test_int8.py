@@ -4,7 +4,6 @@ depend on each other, the fallback to PyTorch's operation, and the checks' messa
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 
 from decodekit import copy_sentences, one_thread
+from transduce import fastpaths
 from transduce.model import kernels, packed, quantize, step
 from transduce.model.quantize import int8_function, pack_weight, quantize_int8
 from transduce.translate import Translator
@@ -21,7 +21,7 @@ DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
 
 
 def _has_vnni_kernel() -> bool:
-    if os.environ.get("TRANSDUCE_KERNELS", "1") == "0":
+    if not fastpaths.settings.kernels:
         return False
     return hasattr(kernels.compiled(), "int8_linear")
 
@@ -36,7 +36,7 @@ def test_the_int8_kernel_is_built_where_the_cpu_has_vnni():
     vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
     avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
     bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    if os.environ.get("TRANSDUCE_KERNELS", "1") == "0" or not (vnni and avx512 and bf16):
+    if not fastpaths.settings.kernels or not (vnni and avx512 and bf16):
         pytest.skip("no AVX512-VNNI with AVX512-BF16 here (or kernels off): the int8 kernel is not built")
     assert _has_vnni_kernel()
 
@@ -220,7 +220,7 @@ def test_rows_with_nan_or_infinity_give_nan():
 @needs_vnni
 def test_the_kernel_is_used_by_project_and_the_flag_turns_it_off(monkeypatch):
     """packed.project (the encoder's layers) and the decoding step's linear layers both reach the kernel; with
-    VNNI_KERNEL off, the layer's own forward (fbgemm) runs, bit for bit."""
+    fastpaths.settings.int8_kernel off, the layer's own forward (fbgemm) runs, bit for bit."""
     _, q = _quantised_linear(128, 64, seed=9)
     x = torch.randn(3, 7, 128)
     with torch.no_grad():
@@ -232,7 +232,7 @@ def test_the_kernel_is_used_by_project_and_the_flag_turns_it_off(monkeypatch):
         assert torch.equal(step_linear(x.view(21, 128)), kernel.view(21, 64).relu())
         with pytest.raises(KeyError, match="no fused activation 'gelu' for a quantised layer"):
             packed.project(q, x, "gelu")
-        monkeypatch.setattr(quantize, "VNNI_KERNEL", False)
+        monkeypatch.setattr(fastpaths.settings, "int8_kernel", False)
         assert torch.equal(packed.project(q, x), q(x))
         assert torch.equal(packed.project(q, x, "relu"), q(x).relu())
         assert torch.equal(step._int8_linear(q, relu=True)(x.view(21, 128)), q(x).view(21, 64).relu())
@@ -277,7 +277,7 @@ def test_an_int8_sentence_translates_the_same_alone_or_in_a_batch(copy_checkpoin
     """Per-row scales: a sentence's int8 translation does not depend on its batch-mates, and its score only by the
     float32 attention's rounding over padded keys (about 1e-7). With fbgemm's one scale per call it did: scores
     here 0.4% apart, and 53 of the first 64 Multi30k test sentences came out the same alone as in one batch."""
-    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)  # (the test model's layers are small)
+    monkeypatch.setattr(fastpaths.settings, "int8_min_weights", 0)  # (the test model's layers are small)
     tr = Translator.load(copy_checkpoint, quantize="int8")
     sentences = copy_sentences(24, seed=3)
     with one_thread():

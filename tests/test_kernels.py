@@ -1,18 +1,16 @@
 """transduce's kernels for decoding steps (transduce.model.kernels, csrc/decoding.cpp) against PyTorch's
 scaled_dot_product_attention, and the fallback when it cannot be built."""
 
-import os
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from transduce import ModelConfig, Transformer
+from transduce import ModelConfig, Transformer, fastpaths
 from transduce.model import kernels
 
-NO_KERNEL = os.environ.get("TRANSDUCE_KERNELS", "1") == "0"
-pytestmark = pytest.mark.skipif(NO_KERNEL, reason="TRANSDUCE_KERNELS=0: the kernel is turned off")
+pytestmark = pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: the kernel is turned off")
 
 
 def reference(q, k, v, mask=None):
@@ -328,7 +326,7 @@ def test_fused_residual_equals_dropout_add_and_layer_norm(monkeypatch, dtype, p)
     upstream = torch.randn(3, 37, 40)
     results = []
     for fused in (True, False):
-        monkeypatch.setattr(layers, "FUSED_RESIDUAL", fused)
+        monkeypatch.setattr(fastpaths.settings, "kernels", fused)
         for t in (x, y, norm.weight, norm.bias):
             t.grad = None
         torch.manual_seed(5)
@@ -372,7 +370,7 @@ def test_fused_residual_drops_an_infinite_value_as_dropout_does(monkeypatch):
     y[:, 3] = float("inf")
     outs = []
     for fused in (True, False):
-        monkeypatch.setattr(layers, "FUSED_RESIDUAL", fused)
+        monkeypatch.setattr(fastpaths.settings, "kernels", fused)
         torch.manual_seed(8)
         with torch.no_grad():
             outs.append(res.add(x, y, norm))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import transduce.loss as loss_module
+from transduce import fastpaths
 from transduce.loss import label_smoothed_nll
 from transduce.model import kernels
 
@@ -111,7 +111,7 @@ def test_non_finite_logits_at_padded_positions_change_nothing():
 def test_a_second_backward_through_the_same_loss_is_refused(monkeypatch):
     """PyTorch's path turns the saved log-probabilities into the gradient in place: running it twice must fail
     loudly (autograd's version check), not return a gradient computed from overwritten values."""
-    monkeypatch.setattr(loss_module, "FUSED", False)
+    monkeypatch.setattr(fastpaths.settings, "kernels", False)
     logits = torch.randn(2, 3, 9, requires_grad=True)
     loss = label_smoothed_nll(logits, torch.tensor([[4, 5, 6], [7, 8, PAD]]), 0.1, PAD)[0]
     loss.backward(retain_graph=True)
@@ -122,7 +122,7 @@ def test_a_second_backward_through_the_same_loss_is_refused(monkeypatch):
 def _both_paths(logits, target, eps, monkeypatch):
     out = []
     for fused in (True, False):
-        monkeypatch.setattr(loss_module, "FUSED", fused)
+        monkeypatch.setattr(fastpaths.settings, "kernels", fused)
         x = logits.clone().requires_grad_()
         loss, nll, n = label_smoothed_nll(x, target, eps, PAD)
         (1.5 * loss).backward()
@@ -163,7 +163,7 @@ def test_fused_kernel_gives_nan_for_a_nan_or_inf_row_and_ignores_padded_ones(mon
     logits[1, 7] = float("inf")
     logits[2] = float("nan")  # padded below: contributes nothing
     target = torch.tensor([4, 5, PAD, 6])
-    monkeypatch.setattr(loss_module, "FUSED", True)
+    monkeypatch.setattr(fastpaths.settings, "kernels", True)
     x = logits.clone().requires_grad_()
     loss, nll, n = label_smoothed_nll(x, target, 0.1, PAD)
     loss.backward()
@@ -177,7 +177,7 @@ def test_fused_kernel_gives_nan_for_a_nan_or_inf_row_and_ignores_padded_ones(mon
 
 @needs_kernels
 def test_fused_kernel_refuses_a_target_outside_the_vocabulary(monkeypatch):
-    monkeypatch.setattr(loss_module, "FUSED", True)
+    monkeypatch.setattr(fastpaths.settings, "kernels", True)
     with pytest.raises(RuntimeError, match="target 50 at position 1 is outside the vocabulary of 50"):
         label_smoothed_nll(torch.randn(2, 50), torch.tensor([3, 50]), 0.1, PAD)
 
@@ -186,7 +186,7 @@ def test_fused_kernel_refuses_a_target_outside_the_vocabulary(monkeypatch):
 def test_fused_kernel_takes_bfloat16_logits_without_a_float32_copy(monkeypatch):
     """Under bf16 autocast the gradient reaches the logits in bfloat16 straight from the kernel (PyTorch's path makes
     a float32 copy and casts its gradient back)."""
-    monkeypatch.setattr(loss_module, "FUSED", True)
+    monkeypatch.setattr(fastpaths.settings, "kernels", True)
     x = torch.randn(6, 40, dtype=torch.bfloat16, requires_grad=True)
     loss = label_smoothed_nll(x, torch.tensor([4, 5, 6, 7, 8, PAD]), 0.1, PAD)[0]
     node, names = loss.grad_fn, []

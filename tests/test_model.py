@@ -4,14 +4,13 @@ import math
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transduce import ModelConfig, Transformer
+from transduce import ModelConfig, Transformer, fastpaths
 from transduce.model import DecoderCache, causal_mask, kernels, padding_mask, sinusoid
 from transduce.model import layers as layers_module
 from transduce.model import packed as packed_module
@@ -252,10 +251,10 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     oneDNN layers included, with transduce's attention kernel (the default) and with PyTorch's attention."""
     options = dict(options)
     int8, onednn_layers = options.pop("int8", False), options.pop("onednn_layers", False)
-    monkeypatch.setattr(kernels, "KERNELS", options.pop("attention_kernel", kernels.KERNELS))
+    monkeypatch.setattr(fastpaths.settings, "kernels", options.pop("attention_kernel", fastpaths.settings.kernels))
     by_position = options.pop("by_position", True)
-    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0 if by_position else 10**9)
-    if onednn_layers and not packed_module.ONEDNN:
+    monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 0 if by_position else 10**9)
+    if onednn_layers and not fastpaths.onednn_available():
         pytest.skip(ONEDNN_REASON)
     model = make(**options)
     with torch.no_grad():
@@ -263,12 +262,13 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
             p.add_(torch.randn_like(p) * 0.1)
     if int8:
         model = quantize_int8(model, min_weights=0)  # every linear layer (the test model's are small)
-    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", onednn_layers)
-    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 0)  # the test model's products are small
+    monkeypatch.setattr(fastpaths.settings, "onednn_layers", onednn_layers)
+    monkeypatch.setattr(fastpaths.settings, "onednn_min_macs", 0)  # the test model's products are small
     fast, fast_cache = _search_like_steps(model)
     assert fast_cache.step_weights is not None  # the step function ran and passed its weights on
-    assert (fast_cache.table is not None) == (kernels.KERNELS and by_position)  # the cache stored by position
-    monkeypatch.setattr(step_module, "FAST_STEP", False)
+    stored_by_position = fast_cache.table is not None
+    assert stored_by_position == (fastpaths.settings.kernels and by_position)
+    monkeypatch.setattr(fastpaths.settings, "step_function", False)
     slow, slow_cache = _search_like_steps(model)
     assert slow_cache.step_weights is None
     for a, b in zip(fast, slow, strict=True):
@@ -283,18 +283,18 @@ def _steps_through_modules(model, src, tokens):
         memory = model.encode(src)
         cache, out = model.init_cache(memory), []
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(step_module, "FAST_STEP", False)
+            mp.setattr(fastpaths.settings, "step_function", False)
             for i in range(tokens.shape[1]):
                 logits, cache = model.decode(tokens[:, i : i + 1], memory, cache)
                 out.append(logits)
     return torch.cat(out, dim=1)
 
 
-@pytest.mark.skipif(not kernels.KERNELS, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
+@pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
 def test_a_cache_stored_by_position_grows_and_stays_immutable_when_a_search_branches(monkeypatch):
     """The step function's cache (with the kernels) is written in place; it must grow past its first capacity, and
     decoding twice from one cache must leave each result as if the other had not happened."""
-    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)  # (the test's sources are short)
+    monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 0)  # (the test's sources are short)
     model = make("pre")
     src, _ = batch()
     length = 2 * step_module.FIRST_CAPACITY + 3  # grows twice
@@ -328,11 +328,11 @@ def test_a_cache_stored_by_position_grows_and_stays_immutable_when_a_search_bran
     torch.testing.assert_close(b_next, branched[:, 7:8], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not kernels.KERNELS, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
+@pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
 def test_a_cache_stored_by_position_in_inference_mode_decodes_under_no_grad(monkeypatch):
     """A by-position storage made under torch.inference_mode is an inference tensor, which may not be written in
     place outside it: a later step under no_grad copies it instead (and gives the same logits)."""
-    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)
+    monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 0)
     model = make("pre")
     src, _ = batch()
     tokens = torch.randint(4, V, (3, 4), generator=torch.Generator().manual_seed(6))
@@ -355,12 +355,12 @@ def test_decoding_steps_under_cpu_autocast_use_pytorchs_attention(monkeypatch):
     function attends through PyTorch there, with or without the kernels available, and gives the same tokens."""
     from transduce.search import beam_search
 
-    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)
+    monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 0)
     model = make("pre")
     src, _ = batch()
     results = []
     for available in (True, False):
-        monkeypatch.setattr(kernels, "KERNELS", available)
+        monkeypatch.setattr(fastpaths.settings, "kernels", available)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             results.append([[h.tokens for h in hyps] for hyps in beam_search(model, src, beam=3, nbest=3)])
     assert results[0] == results[1] and all(results[0])
@@ -543,7 +543,7 @@ def test_attention_weights_on_request(monkeypatch):
         model(src, tgt)
     if kernels.compiled() is not None:
         assert (len(calls), len(ours)) == (2, 2 + 2)
-    monkeypatch.setattr(layers_module, "KERNEL_MAX_KEYS", 0)  # SDPA for every layer
+    monkeypatch.setattr(fastpaths.settings, "attention_kernel_max_keys", 0)  # SDPA for every layer
     calls.clear()
     with torch.no_grad():
         sdpa_logits = model(src, tgt)
@@ -636,7 +636,7 @@ def test_cpu_training_attention_uses_explicit_products_and_the_same_gradients(mo
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     results = []
     for explicit in (True, False):
-        monkeypatch.setattr(layers_module, "EXPLICIT_CPU_BACKWARD", explicit)
+        monkeypatch.setattr(fastpaths.settings, "explicit_attention_max_keys", 512 if explicit else 0)
         calls.clear()
         model.zero_grad()
         loss = model(src, tgt).square().mean()
@@ -645,13 +645,13 @@ def test_cpu_training_attention_uses_explicit_products_and_the_same_gradients(mo
         results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
-    monkeypatch.setattr(layers_module, "EXPLICIT_CPU_BACKWARD", True)
-    monkeypatch.setattr(layers_module, "KERNEL_MAX_KEYS", 0)  # (else the attention kernel takes the padding-masked)
+    monkeypatch.setattr(fastpaths.settings, "explicit_attention_max_keys", 512)
+    monkeypatch.setattr(fastpaths.settings, "attention_kernel_max_keys", 0)  # (else the kernel takes the padded)
     calls.clear()
     with torch.no_grad():
         model(src, tgt)
     assert len(calls) == 6
-    monkeypatch.setattr(layers_module, "EXPLICIT_MAX_KEYS", 6)  # sources of 7 keys, targets of 6
+    monkeypatch.setattr(fastpaths.settings, "explicit_attention_max_keys", 6)  # sources of 7 keys, targets of 6
     calls.clear()
     model(src, tgt).sum().backward()
     assert len(calls) == 2 + 2  # encoder self-attention and cross-attention: over 6 keys, through SDPA
@@ -690,7 +690,7 @@ def test_seeded_initialisation_is_reproducible_across_processes():
 ONEDNN_REASON = "this torch build has no oneDNN linear"
 
 
-@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
 def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
     torch.manual_seed(0)
     lin = nn.Linear(16, 50).eval()
@@ -717,7 +717,7 @@ def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
     assert wid not in packed_module._PACKED  # the packed copy goes with its weight
 
 
-@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
 def test_a_model_made_in_inference_mode_decodes_through_packed_weights(monkeypatch):
     """Inference tensors have no version counter: the packed copy is keyed on the data pointer alone."""
     src, tgt = batch()
@@ -725,30 +725,30 @@ def test_a_model_made_in_inference_mode_decodes_through_packed_weights(monkeypat
         model = make(norm="pre")
         fast = model(src, tgt)
         assert id(model.output.weight) in packed_module._PACKED
-        monkeypatch.setattr(packed_module, "ONEDNN", False)
+        monkeypatch.setattr(fastpaths.settings, "onednn", False)
         plain = model(src, tgt)
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
 def test_inference_packs_only_the_output_layer_unless_all_layers_are_asked_for(monkeypatch):
     model = make(norm="pre", tie_output=False)
     src, tgt = batch()
     linears = {id(m.weight) for m in model.modules() if type(m) is nn.Linear}
     assert len(linears) == 1 + 4 * len(model.encoder_layers) + 7 * len(model.decoder_layers)
-    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", True)
-    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 0)
+    monkeypatch.setattr(fastpaths.settings, "onednn_layers", True)
+    monkeypatch.setattr(fastpaths.settings, "onednn_min_macs", 0)
     with torch.inference_mode():
         model(src, tgt)
         assert linears <= set(packed_module._PACKED)
         model.train().eval()  # a switch of mode drops them all
         assert not linears & set(packed_module._PACKED)
-        monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", False)
+        monkeypatch.setattr(fastpaths.settings, "onednn_layers", False)
         model(src, tgt)
     assert linears & set(packed_module._PACKED) == {id(model.output.weight)}
 
 
-@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
 def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypatch):
     """Fused Adam writes the weights without moving their version counters: packed copies exist only in eval
     mode and go at every switch of mode (validation switches to eval mode), so the update cannot be missed."""
@@ -770,7 +770,7 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypat
     model.eval()
     with torch.no_grad():
         logits = model(src, tgt)
-        monkeypatch.setattr(packed_module, "ONEDNN", False)
+        monkeypatch.setattr(fastpaths.settings, "onednn", False)
         plain = model(src, tgt)
     assert not torch.allclose(logits, before, atol=1e-3)
     torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
@@ -785,7 +785,7 @@ def test_a_cache_selected_before_its_first_step_decodes_as_the_modules_do(monkey
         memory = model.encode(src)
         cache = model.init_cache(memory).select(torch.tensor([2]))
         fast, _ = model.decode(tgt[2:3, :1], memory, cache)
-        monkeypatch.setattr(step_module, "FAST_STEP", False)
+        monkeypatch.setattr(fastpaths.settings, "step_function", False)
         slow, _ = model.decode(tgt[2:3, :1], memory, cache)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
 
@@ -807,12 +807,12 @@ def test_inference_attention_takes_the_kernel_only_for_an_exact_key_padding_mask
     assert not layers_module._kernel_attends(q, k, v.requires_grad_(), None)  # a gradient wanted: SDPA or products
 
 
-@pytest.mark.skipif(not packed_module.ONEDNN, reason=ONEDNN_REASON)
+@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
 def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
-    """With oneDNN on for every layer, a product smaller than ONEDNN_MIN_MACS multiply-adds stays with F.linear
+    """With oneDNN on for every layer, a product smaller than onednn_min_macs multiply-adds stays with F.linear
     (oneDNN's fixed cost per call loses there), in the modules and in the decoding step function alike."""
-    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", True)
-    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 4 * 16 * 50)
+    monkeypatch.setattr(fastpaths.settings, "onednn_layers", True)
+    monkeypatch.setattr(fastpaths.settings, "onednn_min_macs", 4 * 16 * 50)
     torch.manual_seed(0)
     lin = nn.Linear(16, 50).eval()
     with torch.inference_mode():
@@ -829,36 +829,14 @@ def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
             torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias) + residual)
 
 
-@pytest.mark.parametrize(
-    "capability, vendor, on",
-    [("AVX512", "AuthenticAMD", True), ("AVX2", "AuthenticAMD", False), ("AVX512", "GenuineIntel", False),
-     ("AVX512", "", False)],
-)  # fmt: skip
-def test_onednn_for_every_layer_only_where_avx512_meets_an_amd_cpu(monkeypatch, capability, vendor, on):
-    """oneDNN's fp32 products beat MKL's where they use wider vectors: AVX-512 on AMD, where MKL stops at AVX2."""
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(packed_module, "_cpu_vendor", lambda: vendor)
-    assert packed_module._wide_vectors() is on
-
-
-def test_the_cpu_vendor_is_read_from_proc_cpuinfo():
-    vendor = packed_module._cpu_vendor()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        assert vendor == ""
-        return
-    assert (f"vendor_id\t: {vendor}" in text) if vendor else "vendor_id" not in text
-
-
 @pytest.mark.parametrize("layers", [True, False])
 def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch, layers):
     model = make(norm="pre")
     src, tgt = batch()
-    monkeypatch.setattr(packed_module, "ONEDNN_LAYERS", layers)
-    monkeypatch.setattr(packed_module, "ONEDNN_MIN_MACS", 0)
+    monkeypatch.setattr(fastpaths.settings, "onednn_layers", layers)
+    monkeypatch.setattr(fastpaths.settings, "onednn_min_macs", 0)
     with torch.inference_mode():
         fast, _ = model.decode(tgt, model.encode(src))
-        monkeypatch.setattr(packed_module, "ONEDNN", False)
+        monkeypatch.setattr(fastpaths.settings, "onednn", False)
         plain, _ = model.decode(tgt, model.encode(src))
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)

@@ -9,9 +9,8 @@ import torch
 from torch import nn
 
 from decodekit import copy_sentences, one_thread
-from transduce import ModelConfig, Transformer
+from transduce import ModelConfig, Transformer, fastpaths
 from transduce.cli import main
-from transduce.model import quantize as quantize_module
 from transduce.model.quantize import quantize_int8
 from transduce.translate import Translator
 
@@ -20,8 +19,8 @@ DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
 
 @pytest.fixture
 def every_layer_int8(monkeypatch):
-    """The test model's layers are all below quantize.MIN_WEIGHTS: quantise every one of them."""
-    monkeypatch.setattr(quantize_module, "MIN_WEIGHTS", 0)
+    """The test model's layers are all below the default int8_min_weights: quantise every one of them."""
+    monkeypatch.setattr(fastpaths.settings, "int8_min_weights", 0)
 
 
 def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path, every_layer_int8):
@@ -37,7 +36,7 @@ def test_quantize_int8_replaces_every_linear_in_a_copy(copy_checkpoint: Path, ev
 def test_quantize_int8_leaves_layers_below_min_weights_in_float32(monkeypatch):
     cfg = ModelConfig.preset("tiny", src_vocab_size=1000, tgt_vocab_size=1000)  # d_model 128: 128 x 1,000 output
     model = Transformer(cfg)
-    monkeypatch.setattr(quantize_module, "MIN_WEIGHTS", 1 << 16)  # the default where the CPU has no VNNI
+    monkeypatch.setattr(fastpaths.settings, "int8_min_weights", 1 << 16)  # the default where the CPU has no VNNI
     quantised = {name for name, m in quantize_int8(model).named_modules() if isinstance(m, DynamicLinear)}
     assert quantised == {"output"}  # the only linear layer with at least 2^16 weights
     wide = {name for name, m in quantize_int8(model, min_weights=3 * 128 * 128).named_modules()
@@ -53,7 +52,7 @@ def test_quantize_int8_leaves_layers_below_min_weights_in_float32(monkeypatch):
 @pytest.mark.parametrize("vnni", [True, False])
 def test_every_linear_layer_is_quantised_by_default_where_the_cpu_has_vnni(monkeypatch, vnni):
     monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni, raising=False)
-    monkeypatch.setattr(quantize_module, "MIN_WEIGHTS", quantize_module.default_min_weights())
+    monkeypatch.setattr(fastpaths.settings, "int8_min_weights", fastpaths.FastPaths().int8_min_weights)
     model = Transformer(ModelConfig.preset("tiny", src_vocab_size=1000, tgt_vocab_size=1000))
     linears = sum(type(m) is nn.Linear for m in model.modules())
     quantised = sum(isinstance(m, DynamicLinear) for m in quantize_int8(model).modules())

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from decodekit import one_thread, reversal_model, task_batch
+from transduce import fastpaths
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.model import Memory, Transformer, kernels
 from transduce.search import (
@@ -224,7 +225,7 @@ def test_next_token_log_probs_equal_log_softmax_of_the_last_position():
 
 
 @pytest.mark.parametrize("vocab", [8000, 1000, 256, 250, 8003, 7])
-def test_top_candidates_equal_one_topk_over_all_beams(vocab, monkeypatch):
+def test_top_candidates_equal_one_topk_over_all_beams(vocab):
     from transduce.search import beam as beam_module
 
     g = torch.Generator().manual_seed(vocab)
@@ -233,10 +234,9 @@ def test_top_candidates_equal_one_topk_over_all_beams(vocab, monkeypatch):
     total[1, :, EOS_ID] = torch.tensor([-1.0, -2.0, -3.0, -4.0])
     total[2, 1:] = float("-inf")  # one live beam
     for size in (8, 3):
-        got = beam_module.top_candidates(total, size)
-        monkeypatch.setattr(beam_module, "CHUNKED_TOPK", False)
-        want = beam_module.top_candidates(total, size)
-        monkeypatch.setattr(beam_module, "CHUNKED_TOPK", True)
+        got = beam_module.top_candidates(total, size)  # through the chunked top-k where it applies
+        top, flat = total.view(6, -1).topk(size, dim=1)
+        want = top, flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
         assert torch.equal(got[0], want[0])  # the same values, best first
         finite = torch.isfinite(want[0])
         for a, b in zip(got[1:], want[1:]):  # the same tokens and beams where the score is finite (no ties here)
@@ -277,34 +277,31 @@ def test_candidates_from_logits_equal_beam_step_of_the_log_softmax(vocab, width)
         assert got[1].shape == got[2].shape == (5, size)
 
 
-@pytest.mark.parametrize("one_kernel", [True, False])
 @pytest.mark.parametrize("options", [{}, {"min_len": 3, "no_repeat_ngram": 2}, {"max_len_b": 2}])
-def test_beam_search_from_logits_equals_beam_search_from_log_probs(options, one_kernel, monkeypatch):
+def test_beam_search_from_logits_equals_beam_search_from_log_probs(options, monkeypatch):
     """The candidates from the logits (through row_candidates where every row masks the same tokens, else
-    logsumexp and row_topk; or always the latter) equal those of a full log-softmax, with every kind of mask."""
-    from transduce.search import beam as beam_module
-
-    monkeypatch.setattr(beam_module, "ROW_CANDIDATES", one_kernel)
-    calls = []
-    real = kernels.row_candidates
-    monkeypatch.setattr(kernels, "row_candidates", lambda *a: calls.append(1) or real(*a))
+    logsumexp and row_topk) equal those of a full log-softmax (the kernels off), with every kind of mask."""
+    calls = {"row_candidates": 0, "logsumexp": 0}
+    for name in calls:
+        real = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name: calls.update({_name: calls[_name] + 1})
+                            or _real(*a))  # fmt: skip
     for seed in range(6):
         model, src = random_model(seed), random_src(seed, n=5)
         kw = {"beam": 4, "nbest": 4, "max_len_a": 1.0, "max_len_b": 6, **options}
         got = beam_search(model, src, **kw)
-        monkeypatch.setattr(beam_module, "FROM_LOGITS", False)
-        same(got, beam_search(model, src, **kw), tol=1e-5)
-        monkeypatch.setattr(beam_module, "FROM_LOGITS", True)
-    # the one-kernel path ran (at its steps; the others took two calls)
-    assert bool(calls) == (one_kernel and kernels.compiled() is not None)
+        with fastpaths.override(kernels=False):
+            same(got, beam_search(model, src, **kw), tol=1e-5)
+    built = kernels.compiled() is not None
+    assert bool(calls["row_candidates"]) == built  # the one-kernel path ran at the usual steps ...
+    if options:  # ... and two calls where rows mask different tokens
+        assert bool(calls["logsumexp"]) == built
 
 
 @pytest.mark.parametrize("options", [{}, {"min_len": 3, "no_repeat_ngram": 2}, {"max_len_b": 2}])
 def test_greedy_search_from_logits_equals_greedy_search_from_log_probs(options, monkeypatch):
     """Greedy search's token and log-probability from row_candidates (k = 1), where every row masks the same
     tokens, equal the argmax of the full log-softmax and its value, with every kind of mask."""
-    from transduce.search import greedy as greedy_module
-
     calls = []
     real = kernels.row_candidates
     monkeypatch.setattr(kernels, "row_candidates", lambda *a: calls.append(1) or real(*a))
@@ -312,9 +309,8 @@ def test_greedy_search_from_logits_equals_greedy_search_from_log_probs(options, 
         model, src = random_model(seed), random_src(seed, n=5)
         kw = {"max_len_a": 1.0, "max_len_b": 6, **options}
         got = greedy_search(model, src, **kw)
-        monkeypatch.setattr(greedy_module, "FROM_LOGITS", False)
-        want = greedy_search(model, src, **kw)
-        monkeypatch.setattr(greedy_module, "FROM_LOGITS", True)
+        with fastpaths.override(kernels=False):
+            want = greedy_search(model, src, **kw)
         assert [h.tokens for h in got] == [h.tokens for h in want]
         for a, b in zip(got, want, strict=True):
             assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
@@ -383,14 +379,14 @@ def test_cache_equals_no_cache(alpha, norm):
         same(beam_search(model, src, **kw), beam_search(model, src, **kw, use_cache=False), tol=1e-5)
 
 
-@pytest.mark.skipif(not kernels.KERNELS, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
+@pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: no cache stored by position")
 def test_cache_stored_by_position_equals_no_cache(monkeypatch):
     """With the kernels, long sources get a self-attention cache stored by position (never gathered); searches
     through it (beams re-ordered, finished sentences dropped, the storage grown past its first capacity) equal
     searches without a cache."""
     from transduce.model import step as step_module
 
-    monkeypatch.setattr(step_module, "BY_POSITION_MIN_SOURCE", 0)  # the test's sources are short
+    monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 0)  # the test's sources are short
     for seed in range(6):
         model, src = random_model(seed), random_src(seed, n=5)
         tables = []
@@ -557,12 +553,10 @@ def test_searches_pause_the_garbage_collector_and_restore_it(monkeypatch):
 @pytest.mark.parametrize("limit", [0.0, 3600.0])
 def test_searches_that_keep_overlapping_still_collect_garbage(monkeypatch, limit):
     """A search that ends inside a pause kept up by another (a busy server's threads; here one nested in the other's
-    step) runs a full collection once the shared pause has lasted PAUSE_LIMIT_S, and none before."""
+    step) runs a full collection once the shared pause has lasted pause_gc_limit_s, and none before."""
     import gc
 
-    from transduce.search import common
-
-    monkeypatch.setattr(common, "PAUSE_LIMIT_S", limit)
+    monkeypatch.setattr(fastpaths.settings, "pause_gc_limit_s", limit)
     collected = []
     monkeypatch.setattr(gc, "collect", lambda *args: collected.append(gc.isenabled()) or 0)
     model, src = random_model(0), random_src(0)

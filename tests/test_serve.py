@@ -1,8 +1,8 @@
 """The HTTP server (``transduce.serve``), over real HTTP on 127.0.0.1: answers equal ``Translator.translate``, the
-limits (413) and validation errors (422) are JSON naming what is wrong, a failing translation is a 500 for that
-request only, the server keeps serving after every bad request, concurrent requests are merged into fewer batches,
-and a bounded load test (2,000 requests from 32 clients) sees no error. Also the batcher alone (no model) and the
-``transduce serve`` command (parser, and a real process stopped with Ctrl-C)."""
+limits (413) and validation errors (422) are JSON naming what is wrong, a failing translation is a 500 for that request
+only, the server keeps serving after every bad request, concurrent requests are merged into fewer batches, and a bounded
+load test (2,000 requests from 32 clients) sees no error. Also the ``transduce serve`` command (parser, and a real
+process stopped with Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 httpx = pytest.importorskip("httpx", reason="httpx is not installed")
 
 from decodekit import copy_sentences, make_checkpoint, one_thread  # noqa: E402
-from transduce.serve import Batcher, ServerThread, create_app  # noqa: E402
+from transduce.serve import ServerThread, create_app  # noqa: E402
 from transduce.translate import Translator  # noqa: E402
 
 LIMITS = {"max_sentences": 32, "max_chars": 200, "max_body_bytes": 16_384, "max_beam": 8}
@@ -367,83 +367,6 @@ def test_load_2000_requests_from_32_clients_without_error(client, server, refere
     assert after["requests"] - before["requests"] == 2000
     assert after["calls"] - before["calls"] < 1000  # merged: far fewer calls than requests
     assert_alive(client)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the batcher alone
-
-
-def test_batcher_groups_by_options_keeps_order_and_isolates_failures():
-    calls: list[tuple[list[str], dict]] = []
-
-    def fn(sentences, options):
-        calls.append((list(sentences), options))
-        if "bad" in sentences:
-            raise ValueError("bad sentence")
-        return [s.upper() + str(options.get("beam", "")) for s in sentences]
-
-    async def main():
-        b = Batcher(fn, wait_ms=30.0, max_batch_sentences=100)
-        await b.start()
-        try:
-            jobs = [
-                b.submit(["a", "b"]),
-                b.submit(["c"], {"beam": 2}),
-                b.submit([]),
-                b.submit(["d"]),
-                b.submit(["bad"], {"beam": 2}),
-                b.submit(["e"], {"beam": 2}),
-            ]
-            results = await asyncio.gather(*jobs, return_exceptions=True)
-            return results, b.stats
-        finally:
-            await b.stop()
-
-    results, st = asyncio.run(main())
-    assert results[:4] == [["A", "B"], ["C2"], [], ["D"]] and results[5] == ["E2"]
-    assert isinstance(results[4], ValueError)
-    # one window; one call without options, one failing call with beam 2, then the three beam-2 requests alone
-    assert calls[0] == (["a", "b", "d"], {}) and calls[1] == (["c", "bad", "e"], {"beam": 2})
-    assert calls[2:] == [(["c"], {"beam": 2}), (["bad"], {"beam": 2}), (["e"], {"beam": 2})]
-    assert (st.requests, st.sentences, st.batches, st.calls, st.failed_calls, st.largest_call) == (5, 6, 1, 5, 2, 3)
-
-
-def test_batcher_window_and_size_limit():
-    calls: list[list[str]] = []
-
-    def fn(sentences, options):
-        calls.append(list(sentences))
-        return sentences
-
-    async def main():
-        b = Batcher(fn, wait_ms=0.0, max_batch_sentences=3)
-        await b.start()
-        try:
-            first = await asyncio.gather(*(b.submit([f"s{i}", f"t{i}"]) for i in range(4)))
-            b.wait = 10.0  # a long window ends early when the batch is full
-            t = time.perf_counter()
-            second = await asyncio.gather(b.submit(["x", "y"]), b.submit(["z"]))
-            return first, second, time.perf_counter() - t
-        finally:
-            await b.stop()
-
-    first, second, elapsed = asyncio.run(main())
-    assert first == [[f"s{i}", f"t{i}"] for i in range(4)] and second == [["x", "y"], ["z"]]
-    assert calls[:2] == [["s0", "t0", "s1", "t1"], ["s2", "t2", "s3", "t3"]]  # full at 4 >= 3: no more taken
-    assert calls[2] == ["x", "y", "z"] and elapsed < 5.0
-
-
-def test_batcher_stop_fails_queued_requests():
-    async def main():
-        b = Batcher(lambda s, o: s, wait_ms=10_000.0)
-        await b.start()
-        task = asyncio.create_task(b.submit(["a"]))
-        await asyncio.sleep(0.05)  # queued and collected; the window is still open
-        await b.stop()
-        return await asyncio.gather(task, return_exceptions=True)
-
-    (result,) = asyncio.run(main())
-    assert isinstance(result, (RuntimeError, asyncio.CancelledError))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

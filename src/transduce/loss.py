@@ -33,19 +33,16 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) 
     vocab = logits.shape[-1]
     target = target.reshape(-1)
     flat = logits.reshape(-1, vocab)
-    if FUSED and _fused_applies(flat, target):
+    if _fused_applies(flat, target):
         loss, nll = _FusedSmoothedNLL.apply(flat.contiguous(), target.contiguous(), eps, pad_id)
     else:
         loss, nll = _SmoothedNLL.apply(flat.float(), target, eps, pad_id)
     return loss.sum(), nll.sum(), int(target.ne(pad_id).sum())
 
 
-#: Use the compiled kernel (``transduce.model.kernels``, ``csrc/training.cpp``) for float32 and bfloat16 logits on
-#: the CPU: one pass over each row forward and one backward, reading the logits in their own dtype (no float32
-#: copy) and writing the gradient in it. Set False for :class:`_SmoothedNLL` (PyTorch's operations) everywhere.
-FUSED = True
-
-
+# The compiled kernel (transduce.model.kernels, csrc/training.cpp) for float32 and bfloat16 logits on the CPU: one
+# pass over each row forward and one backward, reading the logits in their own dtype (no float32 copy) and writing
+# the gradient in it; _SmoothedNLL (PyTorch's operations) where the kernels do not apply.
 def _fused_applies(logits: Tensor, target: Tensor) -> bool:
     return target.dtype == torch.int64 and logits.shape[1] > 2 and kernels.trains(logits)
 

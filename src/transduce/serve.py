@@ -20,15 +20,12 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, interactive documentation
   elsewhere): type a sentence, read its translation, choose a layer and head of the attention, hover a target
   piece to see the source pieces it attended to.
 
-Design. One :class:`transduce.translate.Translator` serves every request, and the model runs in a single inference
-thread (torch already parallelises each operation over its intra-op threads; two batches at once would only compete
-for the same cores). Requests from many clients are merged by a :class:`Batcher` on the event loop: a request's
-sentences are queued with a future; the worker takes the first queued request, keeps collecting for up to
-``batch_wait_ms`` (or until ``max_batch_sentences``), groups the requests by their decoding options and makes ONE
-``translate`` call per group in the inference thread, then hands each request its own slice of the results. Under
-load the window hardly matters: requests that arrive while a batch is being translated are all taken together by
-the next one. A group whose call fails is retried request by request, so that only the request at fault gets the
-error. ``/attention`` runs in the same inference thread, one sentence at a time.
+Design. One :class:`transduce.translate.Translator` serves every request. Requests from many clients are merged by
+a :class:`transduce.batching.Batcher` on the event loop (the batching core, without HTTP): it collects requests for
+up to ``batch_wait_ms`` (or until ``max_batch_sentences``), makes ONE ``translate`` call per set of decoding options
+in a single inference thread, and hands each request its own slice of the results. ``/attention`` runs in the same
+inference thread, one sentence at a time. The request-body limit and :class:`ServerThread` are in
+:mod:`transduce.asgi`.
 
 Limits and errors (every error is JSON with a one-line ``"error"``; the server keeps serving after each):
 
@@ -42,15 +39,10 @@ Limits and errors (every error is JSON with a one-line ``"error"``; the server k
 An empty (or blank) sentence translates to an empty string, in place, without running the model.
 """
 
-import asyncio
 import contextlib
 import logging
-import socket
-import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib import resources
 from typing import Any
 
@@ -61,210 +53,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from transduce.asgi import BodySizeLimit, ServerThread, json_error
+from transduce.batching import Batcher, BatchStats
 from transduce.config import ConfigError, LengthNorm
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BatchStats", "Batcher", "ServerThread", "create_app", "serve"]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# dynamic batching
-
-
-@dataclass
-class BatchStats:
-    """Counters of a :class:`Batcher` (read on the event loop; shown by ``GET /health``).
-
-    Attributes:
-        requests: requests submitted (requests with no sentences never reach the batcher).
-        sentences: sentences submitted.
-        batches: collection windows closed (each gives one call per distinct set of decoding options).
-        calls: calls of the translation function, retries of a failed group included.
-        largest_call: the most sentences given to one call.
-        failed_calls: calls that raised.
-        busy_s: seconds spent in calls (wall clock).
-    """
-
-    requests: int = 0
-    sentences: int = 0
-    batches: int = 0
-    calls: int = 0
-    largest_call: int = 0
-    failed_calls: int = 0
-    busy_s: float = 0.0
-
-
-@dataclass
-class _Job:
-    sentences: list[str]
-    key: tuple[tuple[str, Any], ...]
-    future: asyncio.Future = field(repr=False)
-
-
-class Batcher:
-    """Merges the sentences of concurrent requests into few calls of a blocking translation function.
-
-    Args:
-        fn: ``fn(sentences, options) -> results``, one result per sentence in order; blocking (it runs in the
-            inference thread). Requests with equal ``options`` (a dict of hashable values) share a call.
-        wait_ms: how long to keep collecting after the first request of a batch arrives.
-        max_batch_sentences: stop collecting once a batch holds this many sentences (a batch may exceed it by
-            less than one request).
-
-    Use from one event loop: ``await start()``, then ``await submit(sentences, options)`` from any number of
-    tasks, ``await stop()`` at the end. :meth:`call` runs any other function in the same inference thread.
-    """
-
-    def __init__(
-        self,
-        fn: Callable[[list[str], dict[str, Any]], Sequence[Any]],
-        *,
-        wait_ms: float = 5.0,
-        max_batch_sentences: int = 256,
-    ) -> None:
-        if wait_ms < 0:
-            raise ValueError(f"wait_ms must be >= 0, got {wait_ms}")
-        if max_batch_sentences < 1:
-            raise ValueError(f"max_batch_sentences must be >= 1, got {max_batch_sentences}")
-        self.fn = fn
-        self.wait = wait_ms / 1000.0
-        self.max_batch_sentences = max_batch_sentences
-        self.stats = BatchStats()
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._getter: asyncio.Future[_Job] | None = None  # a pending queue.get() kept across windows: loses nothing
-        self._worker: asyncio.Task | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._unanswered: set[asyncio.Future] = set()  # futures of submitted requests, until answered
-
-    async def start(self) -> None:
-        """Start the worker task and the inference thread (on the running event loop)."""
-        if self._worker is not None:
-            raise RuntimeError("the batcher is already running")
-        self._queue = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transduce-inference")
-        self._worker = asyncio.create_task(self._run(), name="transduce-batcher")
-
-    async def stop(self) -> None:
-        """Stop the worker; requests still queued fail with ``RuntimeError``. Waits for a running call to end."""
-        if self._worker is None:
-            return
-        self._worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._worker
-        if self._getter is not None:
-            self._getter.cancel()
-        for future in list(self._unanswered):  # queued, being collected or being translated
-            if not future.done():
-                future.set_exception(RuntimeError("the server is shutting down"))
-        assert self._executor is not None
-        self._executor.shutdown(wait=True)
-        self._worker = self._getter = self._queue = self._executor = None
-
-    async def submit(self, sentences: list[str], options: dict[str, Any] | None = None) -> list[Any]:
-        """Queue a request and wait for its results (one per sentence, in order)."""
-        if not sentences:
-            return []
-        if self._queue is None:
-            raise RuntimeError("the batcher is not running (call start() first)")
-        options = options or {}
-        job = _Job(list(sentences), tuple(sorted(options.items())), asyncio.get_running_loop().create_future())
-        self.stats.requests += 1
-        self.stats.sentences += len(job.sentences)
-        self._unanswered.add(job.future)
-        job.future.add_done_callback(self._unanswered.discard)
-        self._queue.put_nowait(job)
-        return await job.future
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        """Run ``fn(*args)`` in the inference thread (after the call running now) and await its result."""
-        if self._executor is None:
-            raise RuntimeError("the batcher is not running (call start() first)")
-        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    # ------------------------------------------------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        while True:
-            jobs = await self._collect()
-            self.stats.batches += 1
-            groups: dict[tuple, list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.key, []).append(job)
-            for key, group in groups.items():
-                await self._translate(dict(key), group)
-
-    async def _collect(self) -> list[_Job]:
-        """The first queued request, plus whatever arrives within the window (up to ``max_batch_sentences``)."""
-        first = await self._next(None)
-        assert first is not None
-        jobs, count = [first], len(first.sentences)
-        deadline = asyncio.get_running_loop().time() + self.wait
-        while count < self.max_batch_sentences:
-            job = self._next_nowait()
-            if job is None:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                job = await self._next(remaining)
-                if job is None:
-                    break
-            jobs.append(job)
-            count += len(job.sentences)
-        return jobs
-
-    async def _next(self, timeout: float | None) -> _Job | None:
-        assert self._queue is not None
-        if self._getter is None:
-            self._getter = asyncio.ensure_future(self._queue.get())
-        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
-        if not done:
-            return None  # the getter stays pending and brings the next request to the next window
-        job, self._getter = self._getter.result(), None
-        return job
-
-    def _next_nowait(self) -> _Job | None:
-        assert self._queue is not None
-        if self._getter is not None:
-            if not self._getter.done():
-                return None  # queue empty (a waiting getter means nothing was left to take)
-            job, self._getter = self._getter.result(), None
-            return job
-        try:
-            return self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-
-    async def _translate(self, options: dict[str, Any], jobs: list[_Job]) -> None:
-        jobs = [j for j in jobs if not j.future.done()]  # a cancelled request (client gone) is not translated
-        if not jobs:
-            return
-        sentences = [s for j in jobs for s in j.sentences]
-        self.stats.calls += 1
-        self.stats.largest_call = max(self.stats.largest_call, len(sentences))
-        began = time.perf_counter()
-        try:
-            results = await self.call(self.fn, sentences, options)
-            if len(results) != len(sentences):
-                raise RuntimeError(f"the translation function returned {len(results)} results for {len(sentences)}")
-        except Exception as e:
-            self.stats.busy_s += time.perf_counter() - began
-            self.stats.failed_calls += 1
-            if len(jobs) > 1:  # find the request at fault: each alone
-                for job in jobs:
-                    await self._translate(options, [job])
-            elif not jobs[0].future.done():
-                jobs[0].future.set_exception(e)
-            return
-        self.stats.busy_s += time.perf_counter() - began
-        start = 0
-        for job in jobs:
-            end = start + len(job.sentences)
-            if not job.future.done():
-                job.future.set_result(list(results[start:end]))
-            start = end
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -431,7 +227,7 @@ def create_app(
     def check_sizes(sentences: list[tuple[str, str]]) -> JSONResponse | None:
         for what, text in sentences:
             if len(text) > max_chars:
-                return _error(413, f"{what} is too long: {len(text)} characters > max_chars {max_chars}")
+                return json_error(413, f"{what} is too long: {len(text)} characters > max_chars {max_chars}")
         return None
 
     errors = {413: {"model": ErrorResponse}, 422: {"model": ValidationErrorResponse}, 500: {"model": ErrorResponse}}
@@ -441,7 +237,7 @@ def create_app(
         """Translate sentences (one translation per sentence, in input order); requests are batched together."""
         sentences: list[str] = body.sentences  # type: ignore[attr-defined]
         if len(sentences) > max_sentences:
-            return _error(413, f"too many sentences: {len(sentences)} > max_sentences {max_sentences}")
+            return json_error(413, f"too many sentences: {len(sentences)} > max_sentences {max_sentences}")
         if too_long := check_sizes([(f"sentence {i}", s) for i, s in enumerate(sentences, start=1)]):
             return too_long
         options = body.model_dump(exclude={"sentences"}, exclude_none=True)  # type: ignore[attr-defined]
@@ -451,7 +247,7 @@ def create_app(
             results = await batcher.submit(sentences, options)
         except Exception as e:
             log.exception("translation failed")
-            return _error(500, f"translation failed: {type(e).__name__}: {e}")
+            return json_error(500, f"translation failed: {type(e).__name__}: {e}")
         if "nbest" not in options:
             return TranslateResponse(translations=results)
         nbest = [[Hypothesis(text=t.text, score=t.score, log_prob=t.log_prob) for t in r] for r in results]
@@ -473,7 +269,7 @@ def create_app(
             maps = await batcher.call(translator.attention, sentence, target)
         except Exception as e:
             log.exception("attention failed")
-            return _error(500, f"attention failed: {type(e).__name__}: {e}")
+            return json_error(500, f"attention failed: {type(e).__name__}: {e}")
         return AttentionResponse(
             translation=target,
             src_pieces=maps.src_pieces,
@@ -522,10 +318,6 @@ def _version() -> str:
     return __version__
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 with FastAPI's list of errors plus a one-line summary of them."""
     assert isinstance(exc, RequestValidationError)
@@ -558,134 +350,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         status_code=exc.status_code,
         headers=getattr(exc, "headers", None),
     )
-
-
-class BodySizeLimit:
-    """ASGI middleware: answer 413 to a request whose body exceeds ``max_bytes``, by its ``Content-Length`` or by
-    the bytes that arrive (chunked bodies). The body is read here and handed on in one piece."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int, drain_bytes: int = 8 << 20) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.drain_bytes = drain_bytes  # read and drop up to this much of a too-large body before answering
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                with contextlib.suppress(ValueError):
-                    declared = int(value)
-        if declared is not None and declared > self.max_bytes:
-            message = f"request body too large: {declared} bytes > max_body_bytes {self.max_bytes}"
-            if declared <= self.drain_bytes:
-                await self._drain(receive)  # so that the client reads the answer rather than a reset connection
-            await _error(413, message)(scope, receive, send)
-            return
-        chunks, size = [], 0
-        while True:
-            message_in = await receive()
-            if message_in["type"] == "http.disconnect":
-                return
-            chunk = message_in.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                if message_in.get("more_body", False):
-                    await self._drain(receive, size)
-                text = f"request body too large: more than max_body_bytes {self.max_bytes} bytes"
-                await _error(413, text)(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message_in.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _drain(self, receive: Receive, size: int = 0) -> None:
-        while size <= self.drain_bytes:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            size += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# running it
-
-
-class ServerThread:
-    """Serve an ASGI app with uvicorn in a background thread, for tests, benchmarks and notebooks.
-
-        with ServerThread(app) as url:          # port 0: a free port on 127.0.0.1, bound before the thread starts
-            httpx.get(url + "/health")
-
-    Args:
-        app: the ASGI application.
-        host, port: where to listen (port 0: any free port; :attr:`url` tells which).
-        config: more ``uvicorn.Config`` arguments (default: no access log, warnings only, logging left alone).
-    """
-
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, **config: Any) -> None:
-        self.app = app
-        self.host = host
-        self.port = port
-        self.config = {"log_config": None, "log_level": "warning", "access_log": False, **config}
-        self.server: uvicorn.Server | None = None
-        self.thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def start(self, timeout: float = 60.0) -> str:
-        """Start serving; returns the base URL once the server accepts connections (after the app's startup)."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host=self.host, port=self.port, **self.config))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [sock]}, name="transduce-server", daemon=True
-        )
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                sock.close()
-                raise RuntimeError(f"the server on {self.url} did not start (see the log)")
-            time.sleep(0.01)
-        return self.url
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Shut down gracefully (the app's shutdown runs) and wait for the thread."""
-        if self.server is not None:
-            self.server.should_exit = True
-        if self.thread is not None:
-            self.thread.join(timeout)
-            if self.thread.is_alive():
-                log.warning("the server thread did not stop within %.0f s", timeout)
-
-    def __enter__(self) -> str:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def serve(

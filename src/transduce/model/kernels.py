@@ -32,8 +32,8 @@ For training steps (float32 and bfloat16):
 (about 30-40 seconds with two cores; it needs a C++ compiler, ninja and Python's headers) and keeps the result in
 PyTorch's extension cache (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), so later processes
 load it at once. Where it cannot be built, transduce warns once and uses PyTorch's operations: the same results
-(dropout: the same masks), only slower. ``TRANSDUCE_KERNELS=0`` in the environment (or :data:`KERNELS` = False)
-turns the kernels off.
+(dropout: the same masks), only slower. ``TRANSDUCE_KERNELS=0`` in the environment (or
+``transduce.fastpaths.settings.kernels = False``) turns the kernels off.
 
 The compiled code is specific to the CPU features it was built for (AVX2 and FMA when the CPU has them, as PyTorch
 reports; with AVX-512, AVX512-BF16's float-to-bf16 conversion and AVX512-VNNI's int8 products where present), and
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -53,9 +52,10 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from transduce import fastpaths
+
 log = logging.getLogger(__name__)
 
-KERNELS = os.environ.get("TRANSDUCE_KERNELS", "1") != "0"  # False: PyTorch's operations only
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp")
 HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
@@ -99,9 +99,9 @@ def build() -> ModuleType:
 
 
 def compiled() -> ModuleType | None:
-    """The compiled module (``attend``, ``logsumexp``, ``row_topk``), built on first call; None when :data:`KERNELS`
-    is off or the build failed (a warning says why, once per process)."""
-    if not KERNELS:
+    """The compiled module (``attend``, ``logsumexp``, ``row_topk``), built on first call; None when
+    ``fastpaths.settings.kernels`` is off or the build failed (a warning says why, once per process)."""
+    if not fastpaths.settings.kernels:
         return None
     module = _state["module"]
     if module is not None or _state["error"] is not None:

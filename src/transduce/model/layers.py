@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from transduce import fastpaths
 from transduce.model import kernels
 from transduce.model.packed import project
 
@@ -115,7 +116,6 @@ class LearnedPositions(nn.Module):
 # ----------------------------------------------------------------------------------------------------------------------
 # dropout
 
-FAST_CPU_DROPOUT = True  # set False to use torch.nn.functional.dropout on the CPU too
 _KEEP_LEVELS = 1 << 16  # the CPU dropout draws 16 random bits per element
 _M32 = 0xFFFFFFFF
 
@@ -213,7 +213,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return x
-    if not FAST_CPU_DROPOUT or x.device.type != "cpu" or _keep_levels(p) == 0:
+    if x.device.type != "cpu" or _keep_levels(p) == 0:
         return F.dropout(x, p, True)
     return _CPUDropout.apply(x, p)
 
@@ -332,8 +332,8 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
         p = self.dropout if self.training else 0.0
-        explicit = EXPLICIT_CPU_BACKWARD and q.requires_grad and q.device.type == "cpu"
-        if need_weights or (explicit and k.shape[2] <= EXPLICIT_MAX_KEYS):
+        explicit = q.requires_grad and q.device.type == "cpu"
+        if need_weights or (explicit and k.shape[2] <= fastpaths.settings.explicit_attention_max_keys):
             out, weights = explicit_attention(q, k, v, mask, is_causal, p)
             weights = weights if need_weights else None
         elif p == 0.0 and not is_causal and _kernel_attends(q, k, v, mask):
@@ -349,15 +349,13 @@ class MultiHeadAttention(nn.Module):
         return project(self.out, out), weights
 
 
-#: Attention that autograd will differentiate on the CPU goes through :func:`explicit_attention` instead of
-#: ``scaled_dot_product_attention``, whose CPU kernel is a flash-attention kernel built for long sequences: at
-#: translation lengths its backward pass was 3-5x slower than the explicit products in bf16 and about 1.2x slower in
-#: float32 on this project's machine (``benchmarks/train_speed.py --profile`` shows both). The cost is memory: the
-#: (B, h, T, S) scores and weights are kept for the backward pass, so batches with more than
-#: :data:`EXPLICIT_MAX_KEYS` keys (where the explicit products' lead also shrinks: at 400 keys 1.7x in bf16, none in
-#: float32) keep SDPA's kernel, whose memory grows linearly with length. Set False to use SDPA everywhere.
-EXPLICIT_CPU_BACKWARD = True
-EXPLICIT_MAX_KEYS = 512
+# Attention that autograd will differentiate on the CPU goes through explicit_attention instead of
+# scaled_dot_product_attention, whose CPU kernel is a flash-attention kernel built for long sequences: at
+# translation lengths its backward pass was 3-5x slower than the explicit products in bf16 and about 1.2x slower in
+# float32 on this project's machine (benchmarks/train_speed.py --profile shows both). The cost is memory: the
+# (B, h, T, S) scores and weights are kept for the backward pass, so batches with more than
+# fastpaths.settings.explicit_attention_max_keys keys (where the explicit products' lead also shrinks: at 400 keys
+# 1.7x in bf16, none in float32) keep SDPA's kernel, whose memory grows linearly with length.
 
 
 def explicit_attention(
@@ -368,10 +366,10 @@ def explicit_attention(
 
     The products run in the inputs' dtype (bf16 under autocast, as Hugging Face's eager attention); the softmax is
     float32, and its weights are cast to ``v``'s dtype for the product with the values. Under bf16 autocast the
-    gradients of a trained model (r19, 200 validation sentences) differed from float32 training by 2.88e-2
-    (relative norm) with these bf16 scores, 2.86e-2 with float32 scores and 3.41e-2 through SDPA's bf16 kernel
-    (``python benchmarks/attention_precision.py --model ...``): the linear layers' bf16 products dominate, and
-    float32 scores cost 1.04x the step. ``dropout_p`` drops attention weights (:func:`dropout`).
+    gradients of the Multi30k model (200 validation sentences) differed from float32 training by 2.88e-2
+    (relative norm) with these bf16 scores, 2.86e-2 with float32 scores and 3.41e-2 through SDPA's bf16 kernel:
+    the linear layers' bf16 products dominate, and float32 scores cost 1.04x the step. ``dropout_p`` drops
+    attention weights (:func:`dropout`).
 
     A query whose every key is masked gets zero weights and a zero output, as from SDPA.
 
@@ -418,19 +416,18 @@ class FeedForward(nn.Module):
 # layers
 
 
-#: Inference attention (the encoder's, and the decoder's over the encoder output outside the step function) on the
-#: CPU through transduce's attention kernel (:func:`transduce.model.kernels.attend`) for up to this many keys. One
-#: thread, the AVX-512 machine, 32 sentences x 4 heads of 32, a padding mask: 94 against SDPA's 139 us at 16 keys,
-#: 3.4 against 4.1 ms at 128, 18.0 against 15.5 ms at 256; the Multi30k model's encoder over the 1,000 test
-#: sentences 124 -> 103 ms (docs/benchmarks.md). 0 turns it off.
-KERNEL_MAX_KEYS = 128
+# Inference attention (the encoder's, and the decoder's over the encoder output outside the step function) on the CPU
+# goes through transduce's attention kernel (kernels.attend) for up to fastpaths.settings.attention_kernel_max_keys
+# keys. One thread, the AVX-512 machine, 32 sentences x 4 heads of 32, a padding mask: 94 against SDPA's 139 us at 16
+# keys, 3.4 against 4.1 ms at 128, 18.0 against 15.5 ms at 256; the Multi30k model's encoder over the 1,000 test
+# sentences 124 -> 103 ms.
 
 
 def _kernel_attends(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
     """Whether :meth:`MultiHeadAttention._attend` may use the attention kernel: no gradient wanted, float32 on the
-    CPU with the kernels built, at most :data:`KERNEL_MAX_KEYS` keys, and no mask or a key-padding mask of exactly
-    (B, 1, 1, S) (not a causal, broadcast or any other mask: those go to SDPA)."""
-    if k.shape[2] > KERNEL_MAX_KEYS:
+    CPU with the kernels built, at most ``fastpaths.settings.attention_kernel_max_keys`` keys, and no mask or a
+    key-padding mask of exactly (B, 1, 1, S) (not a causal, broadcast or any other mask: those go to SDPA)."""
+    if k.shape[2] > fastpaths.settings.attention_kernel_max_keys:
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
@@ -441,11 +438,10 @@ def _kernel_attends(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> boo
     return kernels.applies(q)
 
 
-#: Post-norm residual connections in training on the CPU run ``LayerNorm(x + dropout(y))`` as one kernel
-#: (``csrc/training.cpp``: the same dropout mask as :func:`dropout`, the LayerNorm in float32), one pass over the
-#: rows forward and one backward instead of dropout, add and LayerNorm with their backward passes. Set False for
-#: PyTorch's operations.
-FUSED_RESIDUAL = True
+# Post-norm residual connections in training on the CPU run LayerNorm(x + dropout(y)) as one kernel
+# (csrc/training.cpp: the same dropout mask as dropout(), the LayerNorm in float32), one pass over the rows forward
+# and one backward instead of dropout, add and LayerNorm with their backward passes; PyTorch's operations where the
+# kernels do not apply.
 
 
 class _AddLayerNorm(torch.autograd.Function):
@@ -478,9 +474,7 @@ class _AddLayerNorm(torch.autograd.Function):
 
 def _fused_residual_applies(x: Tensor, y: Tensor, norm: nn.LayerNorm, p: float) -> bool:
     return (
-        FUSED_RESIDUAL
-        and FAST_CPU_DROPOUT
-        and x.dtype == torch.float32
+        x.dtype == torch.float32
         and x.shape == y.shape
         and tuple(norm.normalized_shape) == (x.shape[-1],)
         and norm.weight is not None

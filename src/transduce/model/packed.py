@@ -3,7 +3,7 @@
 Every ``nn.Linear`` of the model (the attention and feed-forward projections and the pre-softmax projection) goes
 through :func:`project`. For the pre-softmax projection in eval mode, outside autograd, on a float32 CPU tensor, it
 calls oneDNN's linear with a copy of the weight packed once into oneDNN's blocked layout; anywhere else, it is the
-plain ``linear(x)``. With :data:`ONEDNN_LAYERS` set, the other layers take the oneDNN path too (and the
+plain ``linear(x)``. With ``fastpaths.settings.onednn_layers`` set, the other layers take the oneDNN path too (and the
 feed-forward's ReLU is fused into its first product).
 
 Why: the pre-softmax projection is the largest product of a decoding step ((rows x d_model) times (d_model x
@@ -17,12 +17,12 @@ oneDNN runs twice as fast once a product is large enough to pay for its fixed co
 ``benchmarks/linear_backends.py`` on one thread:
 
 - AVX2 (an earlier AMD EPYC): oneDNN was 0.26-0.85x the speed of ``F.linear`` for the `tiny` model's shapes at
-  4-128 rows, 0.92x on a whole beam search (``benchmarks/beam_variants.py``);
+  4-128 rows, 0.92x on a whole beam search;
 - AVX-512 (an AMD EPYC with AVX512-BF16): 1.65-2.04x at 128 rows (about 100 against 200 GFLOP/s), 1.0-1.5x at
   32, 0.5-0.8x at 4-8 rows, break-even near 400,000 multiply-adds a call; 1.2x on a Multi30k beam search.
 
-So :data:`ONEDNN_LAYERS` is on where PyTorch finds AVX-512 on an AMD CPU (on Intel, MKL's kernels use AVX-512
-as well and the choice is unmeasured: it stays off), and even then a product of fewer than :data:`ONEDNN_MIN_MACS`
+So ``onednn_layers`` is on where PyTorch finds AVX-512 on an AMD CPU (on Intel, MKL's kernels use AVX-512 as well
+and the choice is unmeasured: it stays off), and even then a product of fewer than ``onednn_min_macs``
 multiply-adds (rows x inputs x outputs) stays with ``F.linear``.
 
 A packed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the weight's version
@@ -43,39 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from transduce import fastpaths
 from transduce.model import quantize
-
-
-def _has_onednn_linear() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def _cpu_vendor() -> str:
-    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``) from /proc/cpuinfo; "" where there is none."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _wide_vectors() -> bool:
-    """Whether oneDNN's fp32 products run with wider vectors than MKL's here: PyTorch uses AVX-512 and the CPU is
-    AMD's (MKL's kernels on AMD stop at AVX2; on Intel they use AVX-512 too, and oneDNN's gain is unmeasured)."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512" and _cpu_vendor() == "AuthenticAMD"
-
-
-ONEDNN = _has_onednn_linear()  # set False to use F.linear (MKL's BLAS) everywhere
-# pack the attention and feed-forward layers too: on where oneDNN uses AVX-512 and MKL does not (an AMD CPU with
-# AVX-512: faster than MKL there, slower on an AVX2 machine; see above, benchmarks/linear_backends.py)
-ONEDNN_LAYERS = ONEDNN and _wide_vectors()
-ONEDNN_MIN_MACS = 1 << 19  # ... for products of at least this many multiply-adds; smaller ones stay with F.linear
 
 # id(weight) -> (weak reference to the weight, (data pointer, version), the weight in oneDNN's layout): built on first
 # use, rebuilt when the weight changes (training updates it in place, which bumps its version), dropped with the weight
@@ -102,22 +71,24 @@ def forget_packed(module: nn.Module) -> None:
 
 
 def onednn_size(x: Tensor, outputs: int) -> bool:
-    """Whether ``x @ W^T`` for a weight of ``outputs`` rows is large enough for oneDNN (:data:`ONEDNN_MIN_MACS`)."""
-    return x.numel() * outputs >= ONEDNN_MIN_MACS
+    """Whether ``x @ W^T`` for a weight of ``outputs`` rows is large enough for oneDNN
+    (``fastpaths.settings.onednn_min_macs``)."""
+    return x.numel() * outputs >= fastpaths.settings.onednn_min_macs
 
 
 def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, output: bool = False) -> Tensor:
     """``linear(x)``, followed by ``activation`` (a name in :data:`FUSED`) when one is given, through oneDNN with
     the packed weight when that applies: float32 inference on a CPU with an ``nn.Linear`` (not a quantised one) in
-    eval mode, outside autograd; and, unless ``output`` (the pre-softmax projection, which :data:`ONEDNN` alone
-    governs), :data:`ONEDNN_LAYERS` set and a product of at least :data:`ONEDNN_MIN_MACS` multiply-adds."""
+    eval mode, outside autograd, ``fastpaths.settings.onednn`` set; and, unless ``output`` (the pre-softmax
+    projection), ``onednn_layers`` set and a product of at least ``onednn_min_macs`` multiply-adds."""
     if type(linear) is DynamicLinear:  # a quantised layer: transduce's int8 kernel where it applies
         if activation not in (None, "relu"):
             raise KeyError(f"project: no fused activation {activation!r} for a quantised layer (only 'relu')")
         return quantize.int8_project(linear, x, relu=activation == "relu")
+    paths = fastpaths.settings
     applies = (
-        ONEDNN and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
-        and x.dtype == torch.float32 and (output or (ONEDNN_LAYERS and onednn_size(x, linear.out_features)))
+        paths.onednn and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"
+        and x.dtype == torch.float32 and (output or (paths.onednn_layers and onednn_size(x, linear.out_features)))
     )  # fmt: skip
     if not applies or (torch.is_grad_enabled() and (linear.weight.requires_grad or x.requires_grad)):
         y = linear(x)  # (the oneDNN op has no backward)

@@ -21,15 +21,15 @@ for them int8 is no faster, only less exact. Measured on one thread with ``bench
     fast = quantize_int8(model)        # or Translator.load(path, quantize="int8"), transduce translate --int8
 
 How the quantised layers run: on a CPU with AVX512-VNNI (where transduce's kernels are built with it),
-:func:`int8_project` runs each layer through transduce's own product (``csrc/int8.cpp``) on the same int8 weights,
-with each row of the input quantised with its own scale and zero point; elsewhere (and with :data:`VNNI_KERNEL`
-False) through PyTorch's operation (fbgemm), which quantises the whole input with one scale. On the `tiny`
-model's products (the Multi30k model's) the kernel took 1.9-19 us a call where fbgemm took 13-42 us (2.1-7.2x), and
-344 against 602 us on the (128 x 128) x (128 x 8,000) output projection (1.75x): fbgemm costs 10-15 us a call
-whatever its size (``benchmarks/linear_backends.py --preset tiny --rows 4,32,128 --threads 1``, docs/benchmarks.md).
-Per-row scales are also more exact than one scale per call, and a row's output does not depend on the other rows
-of its batch: the first 64 Multi30k test sentences all translated the same alone as in one batch (with fbgemm's
-one scale per call, 53 of them).
+:func:`int8_project` runs each layer through transduce's own product (``csrc/int8.cpp``) on the same int8 weights, with
+each row of the input quantised with its own scale and zero point; elsewhere (and with
+``transduce.fastpaths.settings.int8_kernel`` False) through PyTorch's operation (fbgemm), which quantises the whole
+input with one scale. On the `tiny` model's products (the Multi30k model's) the kernel took 1.9-19 us a call where
+fbgemm took 13-42 us (2.1-7.2x), and 344 against 602 us on the (128 x 128) x (128 x 8,000) output projection (1.75x):
+fbgemm costs 10-15 us a call whatever its size (``benchmarks/linear_backends.py --preset tiny --rows 4,32,128 --threads
+1``). Per-row scales are also more exact than one scale per call, and a row's output does not depend on the other rows
+of its batch: the first 64 Multi30k test sentences all translated the same alone as in one batch (with fbgemm's one
+scale per call, 53 of them).
 """
 
 from __future__ import annotations
@@ -42,30 +42,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from transduce import fastpaths
 from transduce.model import kernels
 
 QUANTIZATIONS = ("int8",)
-
-
-def default_min_weights() -> int:
-    """The default of :data:`MIN_WEIGHTS` for this CPU: 0 (every layer) where PyTorch reports AVX512-VNNI, else
-    2^16."""
-    vnni = bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
-    return 0 if vnni else 1 << 16
-
-
-MIN_WEIGHTS = default_min_weights()  # linear layers with fewer weights stay float32 (see above)
-VNNI_KERNEL = True  # set False to run the quantised layers through PyTorch's int8 operation (fbgemm) everywhere
 LANES = 16  # output channels per block of the kernel's weight layout (one 512-bit vector of int32)
 MAX_INPUTS = 65792  # the kernel's int32 sums hold 255 * 128 * inputs: wider layers go through PyTorch's operation
 
 
 def quantize_int8(model: nn.Module, min_weights: int | None = None) -> nn.Module:
     """A copy of ``model`` (in eval mode) whose ``nn.Linear`` layers of at least ``min_weights`` weights (None:
-    :data:`MIN_WEIGHTS`, which depends on the CPU; 0: every linear layer) are dynamically quantised to int8."""
+    ``fastpaths.settings.int8_min_weights``, which depends on the CPU; 0: every linear layer) are dynamically
+    quantised to int8."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    min_weights = MIN_WEIGHTS if min_weights is None else min_weights
+    min_weights = fastpaths.settings.int8_min_weights if min_weights is None else min_weights
     q = copy.deepcopy(model).eval()
     names = {
         name for name, m in q.named_modules() if type(m) is nn.Linear and m.weight.numel() >= min_weights
@@ -135,9 +126,10 @@ def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
 def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor]:
     """A dynamically quantised int8 layer (``torch.ao.nn.quantized.dynamic.Linear``) as a function of ``(x,
     residual=None)``: ``linear(x)``, then a ReLU when ``relu``, then plus ``residual`` when one is given. Through
-    transduce's VNNI kernel where it applies (:data:`VNNI_KERNEL` set, the kernels built with VNNI, symmetric int8
-    weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the layer's
-    ``forward`` calls it. The decoding step makes these once per search (the checks are done here, not per call)."""
+    transduce's VNNI kernel where it applies (``fastpaths.settings.int8_kernel`` set, the kernels built with VNNI,
+    symmetric int8 weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the
+    layer's ``forward`` calls it. The decoding step makes these once per search (the checks are done here, not
+    per call)."""
     params = linear._packed_params._packed_params
     quantised = linear._packed_params.dtype == torch.qint8
     reduce_range = not (linear.version is None or linear.version < 4)  # as DynamicLinear.forward
@@ -151,7 +143,7 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
             y = y.relu_() if relu else y
         return y if residual is None else y.add_(residual)
 
-    module = kernels.compiled() if VNNI_KERNEL and quantised else None
+    module = kernels.compiled() if fastpaths.settings.int8_kernel and quantised else None
     packed = _packed_int8(linear) if hasattr(module, "int8_linear") else None  # (built only with VNNI)
     if packed is None:
         return torch_op

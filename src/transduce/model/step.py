@@ -15,7 +15,8 @@ operations and no module calls:
 
 Why: a decoding step of a small model is made of many small operations, and in eager PyTorch each costs Python and
 dispatch time whatever its size: see docs/benchmarks.md for what it saved on the Multi30k model. Forward hooks on the
-decoder's modules do not run here; set :data:`FAST_STEP` to False to decode through the modules.
+decoder's modules do not run here; ``transduce.fastpaths.settings.step_function = False`` decodes through the
+modules.
 """
 
 from __future__ import annotations
@@ -29,19 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
+from transduce import fastpaths
 from transduce.model import kernels, packed, quantize
 from transduce.model.cache import DecoderCache
-
-FAST_STEP = True  # set False to run every decoding step through the decoder's modules
-KERNEL_NORM = True  # set False for torch.layer_norm instead of transduce's kernel in the step's norms
-GATHER_IN_KERNEL = True  # set False to gather the cache's rows with torch.index_select before the attention kernel
-BY_POSITION = True  # set False to gather the self-attention cache at every step even where the kernels run
-# ... for batches whose padded source is at least this long. Below it, the cache gathered into row order inside the
-# attention kernel (attend_gathered) costs no more: beam 4 on the `small` model, one thread, the AVX-512 machine,
-# by position against gathered: 0.97x at 25 and 50 tokens, 0.92x at 100, 0.94x at 200, 1.00x at 400, 1.70x at
-# 800 (benchmarks/kv_cache.py, docs/benchmarks.md; before attend_gathered, against torch.index_select: 1.11x at 100,
-# 1.23x at 400)
-BY_POSITION_MIN_SOURCE = 400
 
 Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
 Norm = Callable[[Tensor], Tensor]
@@ -49,7 +40,7 @@ Norm = Callable[[Tensor], Tensor]
 
 def _linear(lin: nn.Module, relu: bool = False) -> Linear:
     """``lin`` (followed by a ReLU when ``relu``) as a function of ``(x, residual=None)``: for a plain ``nn.Linear``
-    one ``addmm``, or oneDNN's product with the packed weight where :data:`~transduce.model.packed.ONEDNN_LAYERS` is
+    one ``addmm``, or oneDNN's product with the packed weight where ``fastpaths.settings.onednn_layers`` is
     set and the product is large enough (:func:`~transduce.model.packed.onednn_size`); for a dynamically quantised
     layer :func:`~transduce.model.quantize.int8_function` (transduce's VNNI product where it applies, else PyTorch's
     int8 operation; ReLU and residual fused); any other layer through
@@ -68,7 +59,7 @@ def _linear(lin: nn.Module, relu: bool = False) -> Linear:
     w, b, outputs = lin.weight.t(), lin.bias, lin.out_features
 
     def addmm(x: Tensor, residual: Tensor | None = None) -> Tensor:
-        if packed.ONEDNN_LAYERS and packed.onednn_size(x, outputs):
+        if fastpaths.settings.onednn_layers and packed.onednn_size(x, outputs):
             y = packed.project(lin, x, activation)
         elif residual is not None and not relu:  # the residual added inside the product
             y = torch.addmm(residual, x, w)
@@ -101,11 +92,11 @@ def _output(lin: nn.Module) -> Callable[[Tensor], Tensor]:
 
 def _norm(norm: nn.Module) -> Norm:
     """A LayerNorm as a function (the identity for ``nn.Identity``, the post-norm decoder's missing final norm):
-    transduce's kernel where it applies (float32 on the CPU, :data:`KERNEL_NORM`), else ``torch.layer_norm``."""
+    transduce's kernel where it applies (float32 on the CPU), else ``torch.layer_norm``."""
     if isinstance(norm, nn.Identity):
         return lambda x: x
     shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
-    applies = KERNEL_NORM and norm.weight is not None and kernels.applies(norm.weight)
+    applies = norm.weight is not None and kernels.applies(norm.weight)
     kernel = kernels.compiled() if applies else None
     if kernel is None or len(shape) != 1:
         return lambda x: torch.layer_norm(x, shape, weight, bias, eps)
@@ -175,16 +166,20 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
     rows, t, group = tokens.shape[0], cache.length, cache.group
     heads, d_k, pre, embedding = weights.heads, weights.d_k, weights.pre_norm, weights.embedding
     d_model = heads * d_k
-    # attention through transduce's kernels (kernels.py) for float32 on the CPU, else PyTorch's; with the kernels
-    # the self-attention cache is stored by position (DecoderCache.table): written in place, never gathered. Under
-    # CPU autocast the activations are bf16 (or float16), which the kernels do not take.
+    # attention through transduce's kernels (kernels.py) for float32 on the CPU, else PyTorch's. Under CPU autocast
+    # the activations are bf16 (or float16), which the kernels do not take. With the kernels and a long source the
+    # self-attention cache is stored by position (DecoderCache.table): written in place, never gathered. Below
+    # fastpaths.settings.by_position_min_source tokens, copying the cache into row order inside the attention
+    # kernel costs no more (beam 4, `small`, one thread, AVX-512: by position 0.92-1.00x at 25-400 tokens, 1.70x
+    # at 800).
     kernel = kernels.compiled() if kernels.applies(embedding) and not torch.is_autocast_enabled("cpu") else None
+    min_source = fastpaths.settings.by_position_min_source
     by_table = kernel is not None and (
-        cache.table is not None or (t == 0 and BY_POSITION and cache.cross_kv[0][0].shape[2] >= BY_POSITION_MIN_SOURCE)
+        cache.table is not None or (t == 0 and cache.cross_kv[0][0].shape[2] >= min_source)
     )
     # without the table and with the kernels, each layer's attention copies the cache's rows into the new cache
     # itself (attend_gathered), where they are read anyway
-    gathered = kernel is not None and not by_table and GATHER_IN_KERNEL
+    gathered = kernel is not None and not by_table
     past = order = None
     if by_table:
         self_kv, written = _storage(cache, weights, rows)  # (layers, 2, capacity, slab rows, h, d_k)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from transduce import fastpaths
 from transduce.config import ModelConfig
 from transduce.model import step
 from transduce.model.cache import DecoderCache, Memory
@@ -133,7 +134,7 @@ class Transformer(nn.Module):
         """
         if cache is None:
             cache = self.init_cache(memory)
-        if step.FAST_STEP and tgt.shape[1] == 1 and not self.training and not torch.is_grad_enabled():
+        if fastpaths.settings.step_function and tgt.shape[1] == 1 and not self.training and not torch.is_grad_enabled():
             return step.decode_step(self, tgt, cache)  # a search's step: the same numbers, fewer operations
         self_kv = self._extended_self_kv(cache, tgt.shape[1])
         x, _ = self._decode_layers(

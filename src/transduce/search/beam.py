@@ -51,7 +51,6 @@ def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Ten
     return top_candidates(scores[:, :, None] + log_probs, size)
 
 
-CHUNKED_TOPK = True  # set False to take the candidates with one torch.topk over all beam x V scores
 _CHUNKS = (64, 32, 16)  # chunk sizes tried by _chunked_topk, largest first
 
 
@@ -63,8 +62,8 @@ def _chunked_topk(flat: Tensor, size: int) -> tuple[Tensor, Tensor] | None:
     chunks with the largest maxima (a value outside them is beaten by at least ``size`` chunk maxima, each a
     different value), so one vectorised max per chunk and a top-k over ``size * c`` values replace the top-k over
     the whole row. On this project's machine (one thread, 32 x 4 x 8,000 scores, the beam-4 search of a batch of
-    32) that took 0.37 ms against 1.67 ms for ``torch.topk`` (``benchmarks/beam_variants.py``). The values are
-    the same; among equal values the indices may differ.
+    32) that took 0.37 ms against 1.67 ms for ``torch.topk``. The values are the same; among equal values the
+    indices may differ.
     """
     n, m = flat.shape
     c = next((c for c in _CHUNKS if m % c == 0 and m // c >= size), 0)
@@ -83,7 +82,7 @@ def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
     n, beam, vocab = total.shape
     flat_total = total.view(n, beam * vocab)
     k = min(size, beam * vocab)
-    found = _chunked_topk(flat_total, k) if CHUNKED_TOPK and flat_total.is_contiguous() else None
+    found = _chunked_topk(flat_total, k) if flat_total.is_contiguous() else None
     top_scores, flat = found if found is not None else flat_total.topk(k, dim=1)
     tokens, beams = flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
     if size > beam * vocab:  # fewer candidates than asked for: pad with invalid ones
@@ -91,10 +90,6 @@ def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
         top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
         tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (tokens, beams))
     return top_scores, tokens, beams
-
-
-FROM_LOGITS = True  # set False to take the candidates from a full log-softmax even where the kernels apply
-ROW_CANDIDATES = True  # set False to take them in two kernel calls (logsumexp, then row_topk) at every step
 
 
 def top_candidates_from_logits(
@@ -250,13 +245,16 @@ def beam_search(
         m = alive.shape[0]
         last = logits[:, -1]  # (rows, V)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
-        found = one_pass(last, 2 * beam, step, limits) if FROM_LOGITS and ROW_CANDIDATES else None
-        if found is not None:  # the usual step: one kernel, a row at a time
+        # the candidates from the logits through the kernels where they apply: one kernel call, a row at a time, when
+        # every row masks the same tokens (the usual step), else a normaliser and a top-k per row; else from a full
+        # log-softmax
+        found = one_pass(last, 2 * beam, step, limits)
+        if found is not None:
             normaliser, values, tokens = found
             cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
                 values, tokens, normaliser, scores, 2 * beam
             )
-        elif FROM_LOGITS and kernels.applies(last) and last.is_contiguous():
+        elif kernels.applies(last) and last.is_contiguous():
             normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
             constrain(last, step, **limits)
             cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)

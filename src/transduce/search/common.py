@@ -32,13 +32,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from transduce import fastpaths
 from transduce.config import LENGTH_NORMS
 from transduce.model import kernels
 
 NEG_INF = float("-inf")
 
-PAUSE_GC = True  # set False to leave Python's cyclic garbage collector running during searches
-PAUSE_LIMIT_S = 10.0  # the longest the collector stays off while searches overlap without a break
 _paused = {"depth": 0, "was_enabled": False, "since": 0.0}
 _paused_lock = threading.Lock()
 
@@ -48,15 +47,15 @@ def gc_paused(search: Callable) -> Callable:
 
     A search step creates a few hundred short-lived Python objects (tensors, views, tuples), none in reference
     cycles, and every 700 of them the collector runs: 2% of a beam search on the Multi30k model
-    (docs/benchmarks.md). Nested and concurrent searches (the server's threads) share one pause: the collector goes
-    back on when the last of them ends, if it was on when the first began. So that searches which keep overlapping
-    (a busy server) do not keep it off for good, a search that ends when the shared pause has lasted
-    :data:`PAUSE_LIMIT_S` runs a full collection and starts the count again. Calls to ``gc.enable`` or
-    ``gc.disable`` made during a pause are undone when it ends."""
+    (``fastpaths.settings.pause_gc`` False: no pause). Nested and concurrent searches (the server's threads) share one
+    pause: the collector goes back on when the last of them ends, if it was on when the first began. So that searches
+    which keep overlapping (a busy server) do not keep it off for good, a search that ends when the shared pause has
+    lasted ``fastpaths.settings.pause_gc_limit_s`` runs a full collection and starts the count again. Calls to
+    ``gc.enable`` or ``gc.disable`` made during a pause are undone when it ends."""
 
     @functools.wraps(search)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not PAUSE_GC:
+        if not fastpaths.settings.pause_gc:
             return search(*args, **kwargs)
         with _paused_lock:
             if _paused["depth"] == 0:
@@ -67,13 +66,13 @@ def gc_paused(search: Callable) -> Callable:
         try:
             return search(*args, **kwargs)
         finally:
-            collect = False
+            collect, limit = False, fastpaths.settings.pause_gc_limit_s
             with _paused_lock:
                 _paused["depth"] -= 1
                 if _paused["depth"] == 0:
                     if _paused["was_enabled"]:
                         gc.enable()
-                elif _paused["was_enabled"] and time.monotonic() - _paused["since"] >= PAUSE_LIMIT_S:
+                elif _paused["was_enabled"] and time.monotonic() - _paused["since"] >= limit:
                     _paused["since"], collect = time.monotonic(), True
             if collect:
                 gc.collect()

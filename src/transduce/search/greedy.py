@@ -24,11 +24,6 @@ from transduce.search.common import (
 
 Picker = Callable[[Tensor], Tensor]  # (R, V) masked log-probabilities -> (R,) chosen ids
 
-# Greedy search takes each row's best token and its log-probability from the logits through transduce's kernels
-# (kernels.row_candidates with k = 1: the row's logsumexp and its largest allowed logit, one pass over the row)
-# where they apply and every row masks the same tokens; set False to take them from a full log-softmax always.
-FROM_LOGITS = True
-
 
 def _decode_rows(
     model: SearchModel,
@@ -67,7 +62,10 @@ def _decode_rows(
         logits, cache = model.decode(tokens_in, memory, cache)
         last = logits[:, -1]  # (R, V)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
-        found = one_pass(last, 1, step, limits) if pick is None and FROM_LOGITS else None
+        # greedy search takes each row's best token and its log-probability from the logits through the kernels
+        # (row_candidates, k = 1: the row's logsumexp and its largest allowed logit, one pass over the row) where they
+        # apply and every row masks the same tokens, else from a full log-softmax
+        found = one_pass(last, 1, step, limits) if pick is None else None
         if found is not None:
             normaliser, best, token = found
             chosen, chosen_lp = token[:, 0], best[:, 0] - normaliser  # (R,)

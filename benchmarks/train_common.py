@@ -1,6 +1,6 @@
-"""Shared pieces of the speed benchmarks (``train_speed.py``, ``scaling.py``): the environment line, synthetic
-batches with realistic sentence lengths, a ``torch.nn.Transformer`` model equivalent to ours, analytic matmul FLOP
-counts and the measured matmul peak.
+"""What the training benchmarks (``train_speed.py``, ``scaling.py``) share: synthetic batches with realistic sentence
+lengths, a ``torch.nn.Transformer`` model equivalent to ours, analytic matmul FLOP counts and the measured matmul peak.
+The harness (arguments, machine line, timing, tables) is ``harness.py``.
 
 Not a benchmark itself; the scripts import it (``python benchmarks/X.py`` puts ``benchmarks/`` on ``sys.path``).
 """
@@ -8,8 +8,6 @@ Not a benchmark itself; the scripts import it (``python benchmarks/X.py`` puts `
 from __future__ import annotations
 
 import math
-import os
-import platform
 import time
 from dataclasses import dataclass
 
@@ -23,9 +21,6 @@ from transduce.data.batch import Batch, collate
 from transduce.data.sampler import TokenBatchSampler
 from transduce.model import Transformer, sinusoid
 from transduce.special import PAD_ID
-from transduce.trainer import cpu_has_native_bf16
-
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 # Lengths (subword tokens, specials excluded) of sentence pairs, as log-normal fits: log(src) ~ N(mu, sigma) and
 # log(tgt / src) ~ N(ratio_mu, ratio_sigma). "multi30k": fitted to the prepared Multi30k En-De training set (joint
@@ -35,41 +30,6 @@ LENGTHS = {
     "multi30k": dict(mu=2.59, sigma=0.31, ratio_mu=0.016, ratio_sigma=0.18),
     "wmt": dict(mu=3.20, sigma=0.55, ratio_mu=0.05, ratio_sigma=0.20),
 }
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the environment
-
-
-def tcmalloc_loaded() -> bool:
-    """True when tcmalloc is mapped into this process (``LD_PRELOAD``)."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            return "tcmalloc" in f.read()
-    except OSError:
-        return "tcmalloc" in os.environ.get("LD_PRELOAD", "")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def environment() -> str:
-    """One line: torch, threads, CPU, bf16 support, allocator, load."""
-    alloc = "tcmalloc (LD_PRELOAD)" if tcmalloc_loaded() else f"glibc malloc (tcmalloc: LD_PRELOAD={TCMALLOC})"
-    bf16 = "yes" if cpu_has_native_bf16() else "no (emulated: bf16 matmuls are much slower than fp32 here)"
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_name()} ({os.cpu_count()} cores), "
-        f"native bf16: {bf16}, allocator: {alloc}, load average {load}"
-    )
 
 
 def model_config(name: str, vocab: int, **overrides) -> ModelConfig:

@@ -1,0 +1,136 @@
+"""The harness every benchmark script uses: common arguments, the machine line, timing and markdown tables.
+
+Not a benchmark itself; the scripts import it (``python benchmarks/X.py`` puts ``benchmarks/`` on ``sys.path``).
+
+- :func:`add_common_args` / :func:`apply_common_args`: ``--threads`` (torch's intra-op threads) and ``--reps``;
+- :func:`machine`: one line saying what ran: the date, torch, threads, the CPU and its vector extensions, the
+  allocator, the load average and transduce's fast paths (:mod:`transduce.fastpaths`), printed first by every
+  script so that a table never travels without it;
+- :func:`median_seconds` and :func:`interleaved`: medians of repeated runs, contenders interleaved in rotating
+  order so that a noisy machine slows them alike;
+- :func:`table`: a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from transduce import fastpaths
+
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def add_common_args(ap: argparse.ArgumentParser, *, threads: int = 0, reps: int | None = 3) -> None:
+    """``--threads`` (default ``threads``; 0: torch's default) and, unless ``reps`` is None, ``--reps``."""
+    ap.add_argument("--threads", type=int, default=threads, help="torch intra-op threads; 0: torch's default")
+    if reps is not None:
+        ap.add_argument("--reps", type=int, default=reps, help="timed repetitions (the median is reported)")
+
+
+def apply_common_args(args: argparse.Namespace) -> None:
+    """Set torch's threads from ``--threads`` (0 leaves torch's default)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the machine
+
+
+def tcmalloc_loaded() -> bool:
+    """True when tcmalloc is mapped into this process (``LD_PRELOAD``)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            return "tcmalloc" in f.read()
+    except OSError:
+        return "tcmalloc" in os.environ.get("LD_PRELOAD", "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX), so that bf16 autocast can be fast."""
+    from transduce.trainer import cpu_has_native_bf16 as has_bf16
+
+    return has_bf16()
+
+
+def cpu_features() -> str:
+    """PyTorch's vector extension (``AVX512``, ``AVX2``, ...) and whether the CPU has bf16 and VNNI instructions."""
+    extras = [name for name, present in (("bf16", cpu_has_native_bf16()), ("VNNI", fastpaths.vnni_available()))
+              if present]  # fmt: skip
+    return torch.backends.cpu.get_cpu_capability() + "".join(f", {x}" for x in extras)
+
+
+def machine() -> str:
+    """One line: date, torch, threads, CPU, vector extensions, allocator, load average, transduce's fast paths."""
+    alloc = "tcmalloc (LD_PRELOAD)" if tcmalloc_loaded() else f"glibc malloc (tcmalloc: LD_PRELOAD={TCMALLOC})"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    return (
+        f"{today}; torch {torch.__version__}, {torch.get_num_threads()} threads; {cpu_name()} ({os.cpu_count()} "
+        f"cores; {cpu_features()}); allocator: {alloc}; load average {load}; fast paths: "
+        f"{fastpaths.settings.describe()}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# timing
+
+
+def _run(fn: Callable[[], float | None]) -> float:
+    start = time.perf_counter()
+    took = fn()
+    return took if took is not None else time.perf_counter() - start
+
+
+def median_seconds(fn: Callable[[], float | None], reps: int, warmup: int = 1) -> float:
+    """Median over ``reps`` calls of ``fn`` after ``warmup`` untimed ones: its return value when it returns seconds
+    (it timed itself), else the call's wall time."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_run(fn) for _ in range(reps))
+
+
+def interleaved(fns: dict[str, Callable[[], float | None]], reps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Each of ``fns`` run ``reps`` times (after ``warmup`` untimed runs each), interleaved: repetition r starts
+    with the r-th contender, so that none always runs first (or right after the same one). Returns each one's
+    seconds per repetition (its return value when it returns seconds, else its wall time)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for rep in range(reps):
+        for name in order[rep % len(order) :] + order[: rep % len(order)]:
+            times[name].append(_run(fns[name]))
+    return times
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tables
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table: ``header`` and one line per row (cells as ``str`` gives them)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

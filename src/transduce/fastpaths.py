@@ -1,0 +1,177 @@
+"""Every fast path of transduce in one place: what it does, what runs instead, and how to turn it off.
+
+Each fast path gives the same results as its fallback (up to float rounding; ``tests/`` compares the two), only
+faster, and each has a fallback on PyTorch's operations for where it cannot run (no C++ compiler, a CPU without
+AVX-512, bfloat16 activations, a GPU). The defaults are chosen for the CPU at import time. Read them from
+:data:`settings`; change them for a block of code with :func:`override` (tests switch several together), or for
+the whole process with ``settings.<name> = value`` (checked: an unknown name or a value of the wrong type raises):
+
+    from transduce import fastpaths
+    with fastpaths.override(kernels=False, onednn_layers=False):
+        translator.translate(lines)          # PyTorch's operations and MKL's products only
+
+- ``kernels`` (``TRANSDUCE_KERNELS=0`` in the environment turns it off): transduce's C++ kernels
+  (``model/csrc``, built on first use): decoding attention, the beam and greedy candidates from the logits, the
+  step's layer norm, dropout, the fused loss, the post-norm residual in training and the int8 product.
+  Fallback: PyTorch's operations (the same results; dropout the same masks), also wherever the build fails (a
+  warning says why) and for tensors the kernels do not take (not float32, or not on the CPU).
+- ``step_function``: a decoding step as one function over the weights (``model/step.py``). Fallback: the
+  decoder's modules (set it off for forward hooks on them to run).
+- ``attention_kernel_max_keys``: inference attention (the encoder's, and cross-attention outside the step function)
+  through the kernel up to this many keys; 0: never. Fallback: ``scaled_dot_product_attention``.
+- ``by_position_min_source``: the step's self-attention cache stored by position (written once, read through a
+  row table) for padded sources at least this long. Fallback: the cache copied into row order inside the
+  attention kernel at every step (``torch.index_select`` without the kernels).
+- ``explicit_attention_max_keys``: attention that autograd differentiates on the CPU as explicit products for up
+  to this many keys; 0: never. Fallback: SDPA's flash kernel (slower backward at translation lengths, memory
+  linear in length).
+- ``onednn``: the pre-softmax projection through oneDNN with a packed weight, where PyTorch has oneDNN. Fallback:
+  ``F.linear`` (MKL).
+- ``onednn_layers``, ``onednn_min_macs``: the other linear layers through oneDNN too, for products of at least
+  ``onednn_min_macs`` multiply-adds; on where oneDNN's vectors are wider than MKL's (AVX-512 on an AMD CPU).
+  Fallback: ``F.linear``.
+- ``int8_kernel``: quantised layers through transduce's VNNI product (per-row scales), where the kernels were
+  built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
+- ``int8_min_weights``: :func:`~transduce.model.quantize.quantize_int8` quantises the linear layers of at least
+  this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
+- ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches, for at most
+  ``pause_gc_limit_s`` while searches keep overlapping. Fallback: the collector runs as usual.
+
+Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
+briefly. Only ``kernels`` has an environment variable: the others are for tests, benchmarks and users who know
+why they change them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["FastPaths", "cpu_vendor", "onednn_available", "onednn_beats_mkl", "override", "settings", "vnni_available"]
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch build has oneDNN's linear operation with packed weights (``mkldnn._linear_pointwise``)."""
+    try:
+        return torch.backends.mkldnn.is_available() and callable(torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``) from /proc/cpuinfo; "" where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def onednn_beats_mkl() -> bool:
+    """Whether oneDNN's fp32 products run with wider vectors than MKL's here: PyTorch uses AVX-512 and the CPU is
+    AMD's (MKL's kernels on AMD stop at AVX2; on Intel they use AVX-512 too, and oneDNN's gain is unmeasured)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_vendor() == "AuthenticAMD"
+
+
+def vnni_available() -> bool:
+    """Whether PyTorch reports AVX512-VNNI (the int8 dot-product instructions)."""
+    return bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
+
+
+@dataclass
+class FastPaths:
+    """The fast paths and their settings (see the module's table). One instance, :data:`settings`, is read by the
+    code at each call; change it with :func:`override` or :meth:`update`."""
+
+    # transduce's C++ kernels (model/kernels.py) wherever they apply; False: PyTorch's operations everywhere
+    kernels: bool = field(default_factory=lambda: os.environ.get("TRANSDUCE_KERNELS", "1") != "0")
+    # one-token decoding steps through model/step.py's function; False: through the decoder's modules
+    step_function: bool = True
+    # inference attention through the kernel for at most this many keys (above: SDPA, faster from about 256 keys)
+    attention_kernel_max_keys: int = 128
+    # the step's self-attention cache stored by position for padded sources of at least this many tokens (below,
+    # copying it into row order inside the attention kernel costs no more; at 800 tokens by position is 1.7x faster)
+    by_position_min_source: int = 400
+    # attention that autograd differentiates on the CPU as explicit products for at most this many keys (SDPA's
+    # flash kernel above; the explicit products keep the (B, h, T, S) weights for the backward pass)
+    explicit_attention_max_keys: int = 512
+    # the pre-softmax projection through oneDNN with a packed weight (model/packed.py)
+    onednn: bool = field(default_factory=onednn_available)
+    # every other linear layer through oneDNN too: faster than MKL where oneDNN has wider vectors, slower elsewhere
+    onednn_layers: bool = field(default_factory=lambda: onednn_available() and onednn_beats_mkl())
+    # ... for products of at least this many multiply-adds (oneDNN's fixed cost per call loses below)
+    onednn_min_macs: int = 1 << 19
+    # quantised layers through transduce's VNNI product (model/quantize.py); False: PyTorch's int8 operation
+    int8_kernel: bool = True
+    # quantize_int8 leaves linear layers with fewer weights in float32 (int8 is no faster for them without VNNI)
+    int8_min_weights: int = field(default_factory=lambda: 0 if vnni_available() else 1 << 16)
+    # Python's cyclic garbage collector off during searches (search/common.py: gc_paused) ...
+    pause_gc: bool = True
+    # ... for at most this long while searches keep overlapping (a full collection then)
+    pause_gc_limit_s: float = 10.0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _check(name, value)
+        super().__setattr__(name, value)
+
+    def update(self, **changes: Any) -> None:
+        """Set the named settings, all checked first (an unknown name or a value of the wrong type raises
+        ``TypeError``, a negative number ``ValueError``, and nothing changes)."""
+        for name, value in changes.items():
+            _check(name, value)
+        for name, value in changes.items():
+            setattr(self, name, value)
+
+    def describe(self) -> str:
+        """One line: every setting and its value (for benchmark output and bug reports)."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(FastPaths)}
+
+
+def _check(name: str, value: Any) -> None:
+    f = _FIELDS.get(name)
+    if f is None:
+        close = difflib.get_close_matches(name, _FIELDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; valid: {', '.join(_FIELDS)}"
+        raise TypeError(f"fastpaths: no setting {name!r}{hint}")
+    kind = {"bool": bool, "int": int, "float": float}[f.type]
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        article = "an" if f.type == "int" else "a"
+        raise TypeError(f"fastpaths: {name} takes {article} {f.type}, got {value!r}")
+    if kind is not bool and value < 0:
+        raise ValueError(f"fastpaths: {name} must be >= 0, got {value!r}")
+
+
+settings = FastPaths()
+
+
+@contextlib.contextmanager
+def override(**changes: Any) -> Iterator[FastPaths]:
+    """Change settings of :data:`settings` for the ``with`` block, and restore them after it (also after an
+    exception). Process-wide, not per thread: meant for tests, benchmarks and scripts.
+
+    Yields:
+        :data:`settings`, changed.
+    """
+    before = {name: getattr(settings, name) for name in changes if name in _FIELDS}
+    settings.update(**changes)
+    try:
+        yield settings
+    finally:
+        for name, value in before.items():
+            setattr(settings, name, value)

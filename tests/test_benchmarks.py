@@ -1,0 +1,73 @@
+"""The benchmark scripts' shared harness (benchmarks/harness.py): tables, interleaved timing, the machine line; every
+script imports and uses it, and none speaks of anything but the repository."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from transduce import fastpaths
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py") if p.stem not in ("harness", "train_common"))
+
+
+@pytest.fixture(scope="module")
+def harness():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("harness")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_table_is_markdown(harness):
+    text = harness.table(("a", "b c"), [(1, "x"), ("2.50", None)])
+    assert text == "| a | b c |\n|---|---|\n| 1 | x |\n| 2.50 | None |"
+
+
+def test_interleaved_rotates_who_goes_first_and_reports_what_each_run_returns(harness):
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name) or (0.5 if name == "b" else None)) for name in "abc"}
+    times = harness.interleaved(fns, reps=3, warmup=1)
+    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]  # a warm-up each, then rotated
+    assert times["b"] == [0.5, 0.5, 0.5] and all(0 <= t < 0.5 for t in times["a"] + times["c"])
+    assert harness.median_seconds(lambda: 2.0, reps=3) == 2.0
+
+
+def test_the_machine_line_says_what_ran(harness):
+    line = harness.machine()
+    assert re.match(r"\d{4}-\d{2}-\d{2}; torch ", line)
+    assert harness.cpu_features().split(",")[0] in line and fastpaths.settings.describe() in line
+    with fastpaths.override(kernels=False):
+        assert "kernels=False" in harness.machine()
+
+
+def test_common_arguments(harness):
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    harness.add_common_args(ap, threads=1, reps=7)
+    args = ap.parse_args([])
+    assert (args.threads, args.reps) == (1, 7)
+    ap = argparse.ArgumentParser()
+    harness.add_common_args(ap, reps=None)
+    assert not hasattr(ap.parse_args(["--threads", "2"]), "reps")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_uses_the_harness_and_speaks_only_of_the_repository(script):
+    text = (BENCHMARKS / f"{script}.py").read_text(encoding="utf-8")
+    assert "\nfrom harness import " in text, f"{script}.py does not use the harness"
+    assert "print(machine())" in text and "add_common_args(" in text and "table(" in text, script
+    for pattern in (r"\bsessions?\b", r"\bissues?\b", r"\btickets?\b", r"\br\d{1,2}\b", r"\btargets? (is|are) "):
+        assert not re.search(pattern, text, re.I), (script, pattern)
+
+
+def test_the_kept_scripts(harness):
+    assert SCRIPTS == ["decode_compare", "linear_backends", "multi30k_select", "prepare", "scaling", "serve_load",
+                       "train_speed"]  # fmt: skip
