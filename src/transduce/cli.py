@@ -8,6 +8,7 @@ import importlib
 import logging
 import sys
 
+from transduce import __version__
 from transduce.errors import TransduceError
 
 #: subcommand -> (module under transduce.commands, one-line help)
@@ -30,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description="Transformer sequence transduction toolkit")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"transduce {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         mod = importlib.import_module(f"transduce.commands.{module}")
