@@ -78,7 +78,7 @@ def test_evaluate_json_and_mismatch(checkpoint, tmp_path, capsys):
     ref.write_text("ein Hund läuft über die Wiese.\nder Mann fährt mit dem Rad.\n", encoding="utf-8")
     hyp_out = tmp_path / "hyp.txt"
     args = ["evaluate", "--model", str(checkpoint), "--src", str(src), "--ref", str(ref)]
-    assert main([*args, "--json", "--lc-tok", "de", "--hyp-out", str(hyp_out)]) == 0
+    assert main([*args, "--json", "--lc-tok", "de", "--output", str(hyp_out)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {"bleu", "bleu_signature", "chrf", "chrf_signature", "bleu_lc_tok"} <= set(result)
     assert len(hyp_out.read_text(encoding="utf-8").splitlines()) == 2
@@ -111,14 +111,14 @@ def test_translator_option_errors_are_one_line_errors(checkpoint, tmp_path, caps
 
 def test_attention_command_writes_pngs(checkpoint, tmp_path):
     out = tmp_path / "att.png"
-    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--out", str(out), "--self"]
+    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "-o", str(out), "--self"]
     assert main(args) == 0
     assert out.exists() and (tmp_path / "att.encoder.png").exists() and (tmp_path / "att.decoder.png").exists()
     assert main([*args[:-1], "--tgt", "ein Mann."]) == 0
 
 
 def test_attention_command_draws_the_translation_the_decoding_options_give(checkpoint, tmp_path, capsys):
-    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--out", str(tmp_path / "a.png")]
+    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--output", str(tmp_path / "a.png")]
     assert main(args) == 0
     default = capsys.readouterr().out.split()
     assert main([*args, "--max-len-a", "0", "--max-len-b", "2"]) == 0
