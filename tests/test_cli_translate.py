@@ -48,7 +48,22 @@ def test_translate_nbest_format(checkpoint, tmp_path, capsys):
     assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--nbest", "3"]) == 0
     rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "0", "1", "1", "1"]
-    assert all(len(r) == 3 and float(r[2]) <= 0 for r in rows)
+    # Moses: ID ||| TRANSLATION ||| FEATURES ||| SCORE, the features "log_prob= X"; what the API returns
+    from transduce.translate import Translator
+
+    expected = Translator.load(checkpoint).translate_nbest(["a dog.", "the bike."], nbest=3)
+    assert rows == [
+        [str(i), t.text, f"log_prob= {t.log_prob:.6f}", f"{t.score:.6f}"] for i, ts in enumerate(expected) for t in ts
+    ]
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--nbest", "3", "--json"]) == 0
+    objects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert objects == [
+        {"id": i, "translations": [{"text": t.text, "score": round(t.score, 6), "log_prob": round(t.log_prob, 6)}
+                                   for t in ts]}
+        for i, ts in enumerate(expected)
+    ]  # fmt: skip
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--json"]) == 0
+    assert [len(json.loads(line)["translations"]) for line in capsys.readouterr().out.splitlines()] == [1, 1]
 
 
 def test_invalid_utf8_is_one_line_error_or_replaced(checkpoint, tmp_path, capsys):
@@ -102,9 +117,10 @@ def test_evaluate_json_and_mismatch(checkpoint, tmp_path, capsys):
 def test_translator_option_errors_are_one_line_errors(checkpoint, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("a dog.\n", encoding="utf-8")
-    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-input-tokens", "0"]) == 2
-    err = capsys.readouterr().err
-    assert "max_input_tokens must be >= 1, got 0" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as info:  # argparse refuses it: exit 2 and a usage line
+        main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-input-tokens", "0"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.endswith("translate: error: argument --max-input-tokens: must be >= 1, got 0\n")
     assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-len-a", "inf"]) == 2
     assert "max_len_a: must be a finite number >= 0, got inf" in capsys.readouterr().err
 

@@ -78,13 +78,12 @@ def run(args: argparse.Namespace) -> int:
         config = Config.resolve({}, overrides, options=options)
     else:
         raise TrainingError("missing CONFIG.yaml (or --resume RUN_DIR, or --preset NAME with the data: --train CORPUS)")
-    run_dir = Path(config.train.run_dir)
-    existed = run_dir.exists()
+    created = _first_missing(Path(config.train.run_dir))
     try:
         return train(config).exit_code
     except BaseException:
-        if not existed:
-            _remove_empty_tree(run_dir)
+        if created is not None:
+            _remove_empty_tree(created)
         raise
 
 
@@ -99,6 +98,16 @@ def _options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if data:
         options["data"] = data
     return options
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (what creating ``path`` creates)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
 
 
 def _remove_empty_tree(directory: Path) -> None:
