@@ -95,6 +95,15 @@ def test_report_and_nbest_counts_below_one_are_refused(capsys):
     assert capsys.readouterr().err.endswith("error: argument --beam: expected an integer >= 1, got 'four'\n")
 
 
+def test_unrecognized_arguments_are_still_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["prepare", "--train", "t", "data.max_len=3", "--bogus"])
+    assert capsys.readouterr().err.endswith("transduce: error: unrecognized arguments: --bogus\n")
+    with pytest.raises(SystemExit):
+        main(["translate", "--model", "m", "stray"])
+    assert capsys.readouterr().err.endswith("transduce: error: unrecognized arguments: stray\n")
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
@@ -121,14 +130,15 @@ def tsv_corpus(tmp_path_factory) -> tuple[Path, Path]:
 def test_train_without_a_yaml_file(tsv_corpus, tmp_path):
     train, valid = tsv_corpus
     run = tmp_path / "run"
-    argv = ["train", "--preset", "test", "--train", str(train), "--valid", str(valid), "-o", str(run),
-            "--vocab-size", "320", "--workers", "1", "train.max_steps=3", "train.valid_every=3",
-            "train.valid_bleu=false", "train.threads=1", "train.max_tokens=256"]  # fmt: skip
+    # overrides may come before and after the options
+    argv = ["train", "train.max_steps=3", "--preset", "test", "--train", str(train), "--valid", str(valid), "-o",
+            str(run), "--vocab-size", "320", "--workers", "1", "train.valid_every=3", "train.valid_bleu=false",
+            "train.threads=1", "train.max_tokens=256"]  # fmt: skip
     assert main(argv) == 0
     config = Config.load(run / "config.yaml")
     expected = Config.resolve(
         {"model": {"preset": "test"}},
-        argv[-5:],
+        [argv[1], *argv[-4:]],
         options={"data": {"train": str(train), "valid": str(valid), "vocab_size": 320, "workers": 1},
                  "train": {"run_dir": str(run)}},
     )  # fmt: skip

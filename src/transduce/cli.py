@@ -47,7 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE overrides after an option (train CONFIG --preset tiny train.seed=2): argparse takes the positional
+    # arguments in one run, so later ones come back unparsed; they are overrides all the same
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
