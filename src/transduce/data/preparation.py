@@ -3,9 +3,9 @@
 Two streaming passes over the training pair, in memory bounded by ``input_sentence_size`` (plus the dedup hashes
 when ``dedup`` is on), never by the corpus size:
 
-1. **check and sample**: every input is read in lockstep, which catches missing files, unequal line counts and
-   bytes that are not UTF-8 *before* any work is done; a uniform reservoir sample of at most
-   ``input_sentence_size`` training sentences is kept for the vocabulary;
+1. **check and sample**: every input is read from end to end, which catches missing files, unequal line counts,
+   malformed TSV or JSON Lines lines (:mod:`transduce.data.corpus`) and bytes that are not UTF-8 *before* any work
+   is done; a uniform sample of at most ``input_sentence_size`` training sentences is kept for the vocabulary;
 2. **encode**: chunks of raw pairs go to ``workers`` processes (bounded in flight, order preserved), which decode,
    clean and encode them; the parent deduplicates and appends the ids to the binary files.
 
