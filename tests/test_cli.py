@@ -56,6 +56,8 @@ def test_old_spellings_are_still_accepted():
     assert parser.parse_args(["quickstart", "--out", "q"]).output == "q"
     assert parser.parse_args(["attention", "--model", "m", "--src", "a", "--out", "a.png"]).output == "a.png"
     assert parser.parse_args(["evaluate", "--hyp", "h", "--ref", "r", "--hyp-out", "o"]).output == "o"
+    args = parser.parse_args(["average", "runs/x", "--last", "2", "--out", "avg"])
+    assert (args.paths, args.model, args.last, args.output) == (["runs/x"], None, 2, "avg")
     args = parser.parse_args(["export", "--format", "hf", "runs/x", "models/y"])
     from transduce.commands.options import model_and_output
 
@@ -174,6 +176,10 @@ def test_train_errors_name_their_source(tsv_corpus, capsys):
     assert capsys.readouterr().err.startswith(
         "transduce train: error: command-line override 'train.max_stpes=3': unknown key 'train.max_stpes'; did you "
         "mean 'train.max_steps'? (valid keys: "
+    )
+    assert main(["train", "--resume", "runs/x", "--preset", "tiny"]) == 2
+    assert capsys.readouterr().err == (
+        "transduce train: error: --resume takes the run's own config; change it with KEY=VALUE overrides\n"
     )
     assert main(["train"]) == 2
     assert capsys.readouterr().err == (
