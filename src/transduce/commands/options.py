@@ -15,11 +15,6 @@ def add_output_argument(
     hidden_alias(group, "--out", "output")
 
 
-def add_model_argument(parser: argparse.ArgumentParser, help: str, **kwargs: Any) -> None:
-    """``--model PATH`` (a run directory, a checkpoint, or a Hugging Face Marian directory, as the verb takes)."""
-    parser.add_argument("--model", metavar="PATH", help=help, **kwargs)
-
-
 def hidden_alias(parser: Any, option: str, dest: str) -> None:
     """Accept ``option`` as another spelling of the option stored in ``dest``, without listing it in the help."""
     parser.add_argument(option, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
