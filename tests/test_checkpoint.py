@@ -159,7 +159,7 @@ def test_average_command_writes_a_loadable_checkpoint(tmp_path, vocab):
     models = [Transformer(config.model) for _ in range(3)]
     for i, m in enumerate(models):
         _run_checkpoint(run, m, config, i + 1, vocab)
-    assert main(["average", str(run), "--last", "2"]) == 0
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
     avg, _, vocab_dir = ckpt.load_model(run / "average_last2")
     expected = (models[1].output.weight + models[2].output.weight) / 2
     assert torch.allclose(avg.output.weight, expected, atol=1e-7)

@@ -48,7 +48,22 @@ def test_translate_nbest_format(checkpoint, tmp_path, capsys):
     assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--nbest", "3"]) == 0
     rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "0", "1", "1", "1"]
-    assert all(len(r) == 3 and float(r[2]) <= 0 for r in rows)
+    # Moses: ID ||| TRANSLATION ||| FEATURES ||| SCORE, the features "log_prob= X"; what the API returns
+    from transduce.translate import Translator
+
+    expected = Translator.load(checkpoint).translate_nbest(["a dog.", "the bike."], nbest=3)
+    assert rows == [
+        [str(i), t.text, f"log_prob= {t.log_prob:.6f}", f"{t.score:.6f}"] for i, ts in enumerate(expected) for t in ts
+    ]
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--nbest", "3", "--json"]) == 0
+    objects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert objects == [
+        {"id": i, "translations": [{"text": t.text, "score": round(t.score, 6), "log_prob": round(t.log_prob, 6)}
+                                   for t in ts]}
+        for i, ts in enumerate(expected)
+    ]  # fmt: skip
+    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--json"]) == 0
+    assert [len(json.loads(line)["translations"]) for line in capsys.readouterr().out.splitlines()] == [1, 1]
 
 
 def test_invalid_utf8_is_one_line_error_or_replaced(checkpoint, tmp_path, capsys):
@@ -78,7 +93,7 @@ def test_evaluate_json_and_mismatch(checkpoint, tmp_path, capsys):
     ref.write_text("ein Hund läuft über die Wiese.\nder Mann fährt mit dem Rad.\n", encoding="utf-8")
     hyp_out = tmp_path / "hyp.txt"
     args = ["evaluate", "--model", str(checkpoint), "--src", str(src), "--ref", str(ref)]
-    assert main([*args, "--json", "--lc-tok", "de", "--hyp-out", str(hyp_out)]) == 0
+    assert main([*args, "--json", "--lc-tok", "de", "--output", str(hyp_out)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {"bleu", "bleu_signature", "chrf", "chrf_signature", "bleu_lc_tok"} <= set(result)
     assert len(hyp_out.read_text(encoding="utf-8").splitlines()) == 2
@@ -102,23 +117,24 @@ def test_evaluate_json_and_mismatch(checkpoint, tmp_path, capsys):
 def test_translator_option_errors_are_one_line_errors(checkpoint, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("a dog.\n", encoding="utf-8")
-    assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-input-tokens", "0"]) == 2
-    err = capsys.readouterr().err
-    assert "max_input_tokens must be >= 1, got 0" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as info:  # argparse refuses it: exit 2 and a usage line
+        main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-input-tokens", "0"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.endswith("translate: error: argument --max-input-tokens: must be >= 1, got 0\n")
     assert main(["translate", "--model", str(checkpoint), "--input", str(src), "--max-len-a", "inf"]) == 2
     assert "max_len_a: must be a finite number >= 0, got inf" in capsys.readouterr().err
 
 
 def test_attention_command_writes_pngs(checkpoint, tmp_path):
     out = tmp_path / "att.png"
-    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--out", str(out), "--self"]
+    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "-o", str(out), "--self"]
     assert main(args) == 0
     assert out.exists() and (tmp_path / "att.encoder.png").exists() and (tmp_path / "att.decoder.png").exists()
     assert main([*args[:-1], "--tgt", "ein Mann."]) == 0
 
 
 def test_attention_command_draws_the_translation_the_decoding_options_give(checkpoint, tmp_path, capsys):
-    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--out", str(tmp_path / "a.png")]
+    args = ["attention", "--model", str(checkpoint), "--src", "a man rides.", "--output", str(tmp_path / "a.png")]
     assert main(args) == 0
     default = capsys.readouterr().out.split()
     assert main([*args, "--max-len-a", "0", "--max-len-b", "2"]) == 0

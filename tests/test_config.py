@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from transduce.config import Config, ConfigError, DecodeConfig, ModelConfig, TrainConfig, apply_overrides
+from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig, apply_overrides
 
 
 def test_model_config_round_trips_exactly_through_json_and_yaml():
@@ -37,7 +37,10 @@ def test_presets():
 def test_unknown_key_names_the_closest_valid_key():
     with pytest.raises(ConfigError, match=r"unknown key 'd_modle'; did you mean 'd_model'\?"):
         ModelConfig.from_dict({"d_modle": 256})
-    with pytest.raises(ConfigError, match=r"unknown key 'train.warmup'; did you mean 'warmup_steps'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^unknown key 'train.warmup'; did you mean 'train.warmup_steps'\? \(valid keys: run_dir, seed, ",
+    ):
         Config.from_dict({"train": {"warmup": 10}})
     with pytest.raises(ConfigError, match=r"unknown key 'modle'; did you mean 'model'\?"):
         Config.from_dict({"modle": {}})
@@ -67,8 +70,12 @@ def test_yaml_file_with_preset_and_dotted_overrides(tmp_path):
     assert cfg.model.d_model == 128 and cfg.model.dropout == 0.2 and cfg.model.src_vocab_size == 8000
     assert cfg.train.accumulate == 2 and cfg.train.precision == "bf16" and cfg.decode.beam == 5
     assert cfg.data.test == ["a", "b"]
-    with pytest.raises(ConfigError, match=r"run.yaml: unknown key 'train.acumulate'; did you mean 'accumulate'\?"):
-        Config.load(path, ["train.acumulate=3"])
+    with pytest.raises(ConfigError) as info:
+        Config.load(path, ["model.dropout=0.2", "train.acumulate=3"])
+    assert str(info.value).startswith(
+        "command-line override 'train.acumulate=3': unknown key 'train.acumulate'; did you mean 'train.accumulate'? "
+        "(valid keys: run_dir, seed,"
+    )
     with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
         Config.load(tmp_path / "missing.yaml")
 
@@ -142,3 +149,56 @@ def test_shipped_configs_load(name):
         src, tgt = name.split("_")[1:]
         assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.model.norm) == (src, tgt, "pre")
         assert cfg.data.train.endswith("multi30k/train") and cfg.train.run_dir == f"runs/{name}"
+
+
+def test_errors_name_their_source_file_or_command_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  warmup: 3\n")
+    with pytest.raises(
+        ConfigError, match=r"^.*run.yaml: unknown key 'train.warmup'; did you mean 'train.warmup_steps'"
+    ):
+        Config.load(path, ["train.seed=2"])  # the file is wrong by itself, whatever the overrides
+    path.write_text("train:\n  schedule: cosine\n  warmup_steps: 100\n")
+    with pytest.raises(ConfigError) as info:
+        Config.load(path, ["train.seed=2", "train.max_steps=50", "train.threads=1"])
+    assert str(info.value) == (
+        "command-line override 'train.max_steps=50': train.max_steps: the cosine schedule decays from warmup_steps to "
+        "max_steps, so max_steps must exceed warmup_steps (100), got 50"
+    )
+    with pytest.raises(ConfigError, match=r"^command-line override 'train.seed': expected section.key=value$"):
+        Config.load(path, ["train.seed"])
+    with pytest.raises(ConfigError, match=r"^command-line options: data.tgt_lang: source and target language are both"):
+        Config.load(path, options={"data": {"src_lang": "de"}})
+    assert Config.resolve({}, ["train.seed=3"], options={"data": {"train": "x.tsv"}}).train.seed == 3
+
+
+def test_unknown_preset_and_choice_suggest_the_closest_and_are_not_garbled(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict({"model": {"preset": "smal", "dropout": 0.2}})
+    assert str(info.value) == (
+        "model.preset: unknown model preset 'smal'; did you mean 'small'? (valid presets: base, big, small, tiny, test)"
+    )
+    with pytest.raises(ConfigError) as info:
+        Config.resolve({}, ["model.preset=bgi"])
+    assert str(info.value) == (
+        "command-line override 'model.preset=bgi': model.preset: unknown model preset 'bgi'; did you mean 'big'? "
+        "(valid presets: base, big, small, tiny, test)"
+    )
+    with pytest.raises(ConfigError, match=r"^model.preset: unknown model preset 'xyz' \(valid presets: base, "):
+        Config.from_dict({"model": {"preset": "xyz"}})
+    with pytest.raises(ConfigError, match=r"^unknown key 'model.d_modle'; did you mean 'model.d_model'\? \(valid"):
+        Config.from_dict({"model": {"preset": "tiny", "d_modle": 64}})
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(activation="rleu")
+    assert str(info.value) == "activation: 'rleu' is not one of 'relu', 'gelu', 'swish'; did you mean 'relu'?"
+
+
+def test_data_corpus_forms_are_validated():
+    assert DataConfig(train=["a.src", "b.tgt"], test=["t.tsv", ["x", "y"]]).test == ["t.tsv", ["x", "y"]]
+    with pytest.raises(ConfigError, match=r"^data.train: two files are \[source, target\], got 3 paths$"):
+        Config.from_dict({"data": {"train": ["a", "b", "c"]}})
+    with pytest.raises(ConfigError, match=r"^data.test\[1\]: two files are \[source, target\], got 1 paths$"):
+        Config.from_dict({"data": {"test": ["a", ["b"]]}})
+    with pytest.raises(ConfigError, match=r"^src_field: must name a field \(a, or a.b for a nested one\), got 'a..b'$"):
+        DataConfig(src_field="a..b")
+    assert Config.from_dict({"data": {"train": ["s", "t"]}}).to_yaml().count("- s") == 1  # round-trips as a list

@@ -122,9 +122,9 @@ def test_cli_export_refuses_a_non_empty_directory_unless_forced(copy_checkpoint:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    assert main(["export", "--format", "hf", str(copy_checkpoint), str(out)]) == 2
+    assert main(["export", "--format", "hf", "--model", str(copy_checkpoint), "-o", str(out)]) == 2
     assert "directory exists and is not empty (use --force to replace it)" in capsys.readouterr().err
-    assert main(["export", "--format", "hf", "--force", str(copy_checkpoint), str(out)]) == 0
+    assert main(["export", "--format", "hf", "--force", "--model", str(copy_checkpoint), "--output", str(out)]) == 0
     assert (out / "model.safetensors").is_file() and not (out / "keep.txt").exists()
 
 
@@ -243,7 +243,7 @@ def test_import_then_export_gives_back_the_same_marian_model(marian_dir: Path, t
 
 
 def test_cli_import_hf(marian_dir: Path, tmp_path: Path, capsys):
-    assert main(["import-hf", str(marian_dir), str(tmp_path / "ckpt")]) == 0
+    assert main(["import-hf", "--model", str(marian_dir), "-o", str(tmp_path / "ckpt")]) == 0
     assert "imported:" in capsys.readouterr().out
     assert (
         Translator.load(tmp_path / "ckpt").translate(["a man ."], beam=1)[0]
@@ -341,5 +341,10 @@ def test_ctranslate2_int8_export(copy_checkpoint: Path, tmp_path: Path):
 
 
 def test_cli_export_ctranslate2_rejects_quantization_for_hf(copy_checkpoint: Path, tmp_path: Path, capsys):
-    assert main(["export", "--format", "hf", "--quantization", "int8", str(copy_checkpoint), str(tmp_path)]) == 2
+    assert (
+        main(
+            ["export", "--format", "hf", "--quantization", "int8", "--model", str(copy_checkpoint), "-o", str(tmp_path)]
+        )
+        == 2
+    )
     assert "--quantization applies to --format ctranslate2 only" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def test_flags(tmp_path, capsys):
     train = write(tmp_path, "train")
     test = write(tmp_path, "test_a", n=20)
     out = tmp_path / "out"
-    code, _ = run(capsys, "--train", train, "--test", test, "--out", str(out), "--vocab-size", "300",
+    code, _ = run(capsys, "--train", train, "--test", test, "--output", str(out), "--vocab-size", "300",
                   "--separate-vocab", "--lowercase", "--max-len", "50", "--dedup", "--workers", "1")  # fmt: skip
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
@@ -57,17 +57,28 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     bad = write(tmp_path, "bad", drop_last_de=True)
     out = str(tmp_path / "out")
     cases = [
-        (["--train", bad, "--out", out], f"{bad}.en has 300 lines but {bad}.de has 299: a parallel corpus needs one "
-                                         "line per sentence on both sides"),
-        (["--train", str(tmp_path / "none"), "--out", out], f"{tmp_path / 'none.en'}: file not found (nor none.en.gz)"),
-        (["--train", train], "no output directory: pass --out DIR or set data.prepared"),
-        (["--out", out], "no training corpus: set data.train (--train PREFIX)"),
-        (["--train", train, "--out", out, "data.vocab_sise=8"], "unknown key 'data.vocab_sise'; did you mean "
-                                                                "'vocab_size'?"),
-        (["--train", train, "--out", out, "--src-lang", "de"], "data.tgt_lang: source and target language are both "
-                                                               "'de'"),
-        (["--train", train, "--out", out, "--vocab-size", "50", "--workers", "1"], "vocab_size 50 is too small for "
-                                                                                   "the joint vocabulary"),
+        (["--train", bad, "-o", out], f"{bad}.en has 300 lines but {bad}.de has 299: a parallel corpus needs one line "
+                                      "per sentence on both sides"),
+        (["--train", str(tmp_path / "none"), "-o", out], f"{tmp_path / 'none.en'}: file not found (nor none.en.gz)"),
+        (["--train", train], "no output directory: pass --output DIR or set data.prepared"),
+        (["-o", out], "no training corpus: set data.train (--train PREFIX|FILE.tsv|FILE.jsonl, or --src-file and "
+                      "--tgt-file)"),
+        (["--train", train, "-o", out, "data.vocab_sise=8"],
+         "command-line override 'data.vocab_sise=8': unknown key 'data.vocab_sise'; did you mean 'data.vocab_size'? "
+         "(valid keys: src_lang, "),
+        (["--train", train, "-o", out, "--src-lang", "de"], "command-line options: data.tgt_lang: source and target "
+                                                            "language are both 'de'\n"),
+        (["--train", train, "-o", out, "--vocab-size", "50", "--workers", "1"], "vocab_size 50 is too small for the "
+                                                                             "joint vocabulary"),
+        (["--train", train, "-o", out, "data.vocab_type=bep"], "command-line override 'data.vocab_type=bep': "
+                                                               "data.vocab_type: 'bep' is not one of 'bpe', 'unigram'; "
+                                                               "did you mean 'bpe'?\n"),
+        (["--train", train, "--src-file", train + ".en", "--tgt-file", train + ".de", "-o", out],
+         "give the training corpus once: --train CORPUS or --src-file and --tgt-file\n"),
+        (["--src-file", train + ".en", "-o", out],
+         "--src-file and --tgt-file go together (the two sides of the training corpus)\n"),
+        (["--src-file", train + ".en", "--tgt-file", str(tmp_path / "none.de"), "-o", out],
+         f"{tmp_path / 'none.de'}: file not found\n"),
     ]  # fmt: skip
     for argv, expected in cases:
         code, err = run(capsys, *argv)
@@ -80,7 +91,7 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
 @pytest.mark.slow
 def test_end_to_end_in_a_subprocess(tmp_path):
     train = write(tmp_path, "train")
-    argv = [sys.executable, "-m", "transduce.cli", "prepare", "--train", train, "--out", str(tmp_path / "o"),
+    argv = [sys.executable, "-m", "transduce.cli", "prepare", "--train", train, "--output", str(tmp_path / "o"),
             "--vocab-size", "300"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -93,7 +104,7 @@ def test_end_to_end_in_a_subprocess(tmp_path):
 def test_a_killed_prepare_leaves_no_output_and_the_rerun_cleans_up(tmp_path):
     train = write(tmp_path, "train", n=40_000)
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "transduce.cli", "prepare", "--train", train, "--out", str(out), "--vocab-size",
+    argv = [sys.executable, "-m", "transduce.cli", "prepare", "--train", train, "--output", str(out), "--vocab-size",
             "300", "--workers", "1"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

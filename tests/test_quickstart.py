@@ -55,9 +55,7 @@ def test_corpus_is_deterministic_and_held_out_pairs_are_unseen(tmp_path):
 @pytest.mark.slow
 def test_quickstart_then_report_end_to_end(tmp_path, capsys):
     out = tmp_path / "qs"
-    assert (
-        main(["quickstart", "--out", str(out), "--minutes", "0.05", "--train-pairs", "1500", "--test-pairs", "40"]) == 0
-    )
+    assert main(["quickstart", "-o", str(out), "--minutes", "0.05", "--train-pairs", "1500", "--test-pairs", "40"]) == 0
     printed = capsys.readouterr().out
     assert "exact match" in printed and "BLEU" in printed and "nrefs:1|case:mixed" in printed
     result = json.loads((out / "results.json").read_text())

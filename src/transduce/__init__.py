@@ -1,18 +1,100 @@
-"""transduce: the Transformer of "Attention Is All You Need" for sequence transduction."""
+"""transduce: the Transformer of "Attention Is All You Need" for sequence transduction.
 
-from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
-from transduce.model import AttentionWeights, DecoderCache, Memory, Transformer
+The main names are here, imported on first use (``import transduce`` alone does not import torch)::
 
-__all__ = [
+    from transduce import Translator
+    translator = Translator.load("runs/multi30k")
+    translator.translate(["A man rides a bike."])           # ['Ein Mann fährt Fahrrad.']
+    translator.translate_file("test.en", "test.hyp.de")
+
+    from transduce import Config, prepare, score
+    manifest = prepare(Config.load("configs/toy.yaml").data, "prepared/toy")
+    score(hypotheses, references).bleu
+
+Training is :func:`transduce.train.train` (the submodule ``transduce.train`` owns that name).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    # configuration
+    "Config": "transduce.config",
+    "ConfigError": "transduce.config",
+    "DataConfig": "transduce.config",
+    "DecodeConfig": "transduce.config",
+    "ModelConfig": "transduce.config",
+    "TrainConfig": "transduce.config",
+    # errors
+    "TransduceError": "transduce.errors",
+    "DataError": "transduce.errors",
+    "CheckpointError": "transduce.errors",
+    # the model
+    "AttentionWeights": "transduce.model",
+    "DecoderCache": "transduce.model",
+    "Memory": "transduce.model",
+    "Transformer": "transduce.model",
+    "load_model": "transduce.checkpoint",
+    "save_model": "transduce.checkpoint",
+    # the steps of the pipeline (training: transduce.train.train, as the name is the submodule's)
+    "prepare": "transduce.data",
+    "Tokenizer": "transduce.tokenizer",
+    "Translator": "transduce.translate",
+    "Translation": "transduce.translate",
+    "score": "transduce.evaluate",
+    "Scores": "transduce.evaluate",
+}
+
+__all__ = [  # the names of _EXPORTS (a test checks)
     "AttentionWeights",
+    "CheckpointError",
     "Config",
     "ConfigError",
     "DataConfig",
+    "DataError",
     "DecodeConfig",
     "DecoderCache",
     "Memory",
     "ModelConfig",
+    "Scores",
+    "Tokenizer",
     "TrainConfig",
+    "TransduceError",
     "Transformer",
+    "Translation",
+    "Translator",
+    "__version__",
+    "load_model",
+    "prepare",
+    "save_model",
+    "score",
 ]
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'transduce' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on demand
+    from transduce.checkpoint import load_model, save_model
+    from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
+    from transduce.data import prepare
+    from transduce.errors import CheckpointError, DataError, TransduceError
+    from transduce.evaluate import Scores, score
+    from transduce.model import AttentionWeights, DecoderCache, Memory, Transformer
+    from transduce.tokenizer import Tokenizer
+    from transduce.translate import Translation, Translator

@@ -8,6 +8,7 @@ import importlib
 import logging
 import sys
 
+from transduce import __version__
 from transduce.errors import TransduceError
 
 #: subcommand -> (module under transduce.commands, one-line help)
@@ -30,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description="Transformer sequence transduction toolkit")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"transduce {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         mod = importlib.import_module(f"transduce.commands.{module}")
@@ -45,7 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE overrides after an option (train CONFIG --preset tiny train.seed=2): argparse takes the positional
+    # arguments in one run, so later ones come back unparsed; they are overrides all the same
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

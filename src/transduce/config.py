@@ -35,9 +35,17 @@ class ConfigError(TransduceError, ValueError):
 # generic machinery
 
 
+def _closest(value: Any, choices: Any, prefix: str = "") -> str:
+    """``"; did you mean 'PREFIXchoice'?"`` for the closest of ``choices`` to ``value`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+
+
 def _check_choice(where: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(repr(c) for c in choices)}")
+        raise ConfigError(
+            f"{where}: {value!r} is not one of {', '.join(repr(c) for c in choices)}{_closest(value, choices)}"
+        )
 
 
 def _check_positive(where: str, value: float, allow_zero: bool = False) -> None:
@@ -55,7 +63,7 @@ def _check_sections(data: Any, kind: str = "mapping") -> None:
 
 def _unknown_key(where: str, key: str, valid: list[str]) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
+    hint = f"; did you mean '{where}{close[0]}'?" if close else ""
     return ConfigError(f"unknown key '{where}{key}'{hint} (valid keys: {', '.join(valid)})")
 
 
@@ -133,9 +141,10 @@ class _Section:
     """Mixin for the config dataclasses: dict / YAML / JSON round-trips."""
 
     @classmethod
-    def from_dict(cls, data: dict) -> Any:
-        """Build from a plain mapping; unknown keys and wrong types raise :class:`ConfigError`."""
-        return _from_dict(cls, data)
+    def from_dict(cls, data: dict, where: str = "") -> Any:
+        """Build from a plain mapping; unknown keys and wrong types raise :class:`ConfigError`, whose message
+        names the key after ``where`` (the section, ``"data."``)."""
+        return _from_dict(cls, data, where)
 
     def to_dict(self) -> dict:
         """A plain, JSON/YAML-serialisable mapping (tuples become lists)."""
@@ -227,10 +236,13 @@ class ModelConfig(_Section):
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """One of :data:`MODEL_PRESETS` with ``overrides`` applied."""
         if name not in MODEL_PRESETS:
-            close = difflib.get_close_matches(name, list(MODEL_PRESETS), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown model preset '{name}'{hint} (valid: {', '.join(MODEL_PRESETS)})")
+            raise ConfigError(_preset_error(name))
         return cls.from_dict({**MODEL_PRESETS[name], **overrides})
+
+
+def _preset_error(name: Any) -> str:
+    """The message for a model preset name that is not one."""
+    return f"unknown model preset {name!r}{_closest(name, MODEL_PRESETS)} (valid presets: {', '.join(MODEL_PRESETS)})"
 
 
 #: Named model shapes. ``base`` and ``big`` are Table 3 of the paper; ``small`` and ``tiny`` fit a 2-core CPU
@@ -252,15 +264,22 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 class DataConfig(_Section):
     """Raw parallel text and how ``transduce prepare`` turns it into a vocabulary and a binarised corpus.
 
-    A corpus is named by a path prefix: ``train: data/multi30k/train`` with ``src_lang: en`` reads
-    ``data/multi30k/train.en`` or ``train.en.gz`` beside the target file ``train.de[.gz]``.
+    A corpus (``train``, ``valid``, each ``test`` entry) is one of (see :mod:`transduce.data.corpus`):
+
+    - a path prefix: ``train: data/multi30k/train`` with ``src_lang: en`` reads ``data/multi30k/train.en`` or
+      ``train.en.gz`` beside the target file ``train.de[.gz]``;
+    - two files: ``train: [corpus/source.txt, corpus/target.txt]``;
+    - a TSV file (``source<TAB>target`` per line): ``train: corpus/train.tsv`` (or ``.tsv.gz``);
+    - a JSON Lines file: ``train: corpus/train.jsonl`` (or ``.jsonl.gz``), the sides in ``src_field``/``tgt_field``.
     """
 
-    src_lang: str = "en"  # source language suffix of the raw files
-    tgt_lang: str = "de"  # target language suffix of the raw files
-    train: str = ""  # path prefix of the raw training pair
-    valid: str = ""  # path prefix of the raw validation pair (optional)
-    test: list[str] = field(default_factory=list)  # path prefixes of test pairs; never length-filtered
+    src_lang: str = "en"  # source language suffix of a prefix's files (and the language of a run's outputs)
+    tgt_lang: str = "de"  # target language suffix of a prefix's files
+    train: str | list[str] = ""  # the training corpus: a path prefix, [source file, target file], a .tsv or .jsonl
+    valid: str | list[str] = ""  # the validation corpus, in the same forms (optional)
+    test: list[str | list[str]] = field(default_factory=list)  # test corpora, in the same forms; never filtered
+    src_field: str = "src"  # JSON Lines: the field of the source sentence (a.b reaches into nested objects)
+    tgt_field: str = "tgt"  # JSON Lines: the field of the target sentence
     prepared: str = ""  # directory of the prepared corpus; empty: <run_dir>/data
     vocab_type: str = "bpe"  # SentencePiece model type: bpe (paper) or unigram
     vocab_size: int = 8000  # subword vocabulary size (the paper: ~37k for WMT En-De; Multi30k wants 8-10k)
@@ -279,6 +298,15 @@ class DataConfig(_Section):
     workers: int = 0  # encoding processes; 0: all cores
 
     def __post_init__(self) -> None:
+        for where, corpus in [("train", self.train), ("valid", self.valid)] + [
+            (f"test[{i}]", t) for i, t in enumerate(self.test)
+        ]:
+            if not isinstance(corpus, str) and len(corpus) != 2:
+                raise ConfigError(f"{where}: two files are [source, target], got {len(corpus)} paths")
+        for name in ("src_field", "tgt_field"):
+            value = getattr(self, name)
+            if "" in value.split("."):
+                raise ConfigError(f"{name}: must name a field (a, or a.b for a nested one), got {value!r}")
         _check_choice("vocab_type", self.vocab_type, ("bpe", "unigram"))
         _check_positive("vocab_size", self.vocab_size)
         _check_positive("max_len", self.max_len)
@@ -423,7 +451,7 @@ class Config(_Section):
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Config:
+    def from_dict(cls, data: dict, where: str = "") -> Config:
         if data is not None:
             _check_sections(data)
         data = dict(data or {})
@@ -431,15 +459,17 @@ class Config(_Section):
         if isinstance(model, dict) and "preset" in model:
             model = dict(model)
             name = model.pop("preset")
-            try:
-                data["model"] = ModelConfig.preset(name, **model).to_dict()
-            except ConfigError as e:
-                raise ConfigError(f"model.{e}") from None
+            if name not in MODEL_PRESETS:
+                raise ConfigError(f"model.preset: {_preset_error(name)}")
+            data["model"] = _from_dict(ModelConfig, {**MODEL_PRESETS[name], **model}, "model.")
         return _from_dict(cls, data)
 
     @classmethod
-    def load(cls, path: str | Path, overrides: list[str] | None = None) -> Config:
-        """Read a YAML file and apply dotted ``key=value`` overrides (values are parsed as YAML scalars)."""
+    def load(
+        cls, path: str | Path, overrides: list[str] | None = None, *, options: dict[str, dict] | None = None
+    ) -> Config:
+        """Read a YAML file, set the fields of command-line ``options`` (``{"data": {"train": ...}}``) and apply
+        dotted ``key=value`` overrides (values are parsed as YAML scalars); see :meth:`resolve`."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -459,12 +489,57 @@ class Config(_Section):
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         try:
             _check_sections(data, "YAML mapping")
-            return cls.from_dict(apply_overrides(data, overrides or []))
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
+        return cls.resolve(data, overrides or [], source=str(path), options=options)
+
+    @classmethod
+    def resolve(
+        cls, data: dict, overrides: list[str], *, source: str = "", options: dict[str, dict] | None = None
+    ) -> Config:
+        """``data`` (read from ``source``: a file name, for messages), then the fields that command-line ``options``
+        set (``{"data": {"train": ...}}``), then the dotted ``overrides`` (``train.max_steps=100``), validated.
+
+        Raises:
+            ConfigError: the message says where the fault is: ``SOURCE: ...`` when ``data`` is wrong by itself,
+                ``command-line options: ...`` when the options make it wrong, ``command-line override 'KEY=VALUE':
+                ...`` when an override does.
+        """
+        with_options = _merge_sections(data, options or {})
+        merged = apply_overrides(with_options, overrides)  # a malformed override raises here, naming itself
+        try:
+            return cls.from_dict(merged)
+        except ConfigError as e:
+            error = str(e)
+
+        def fails(candidate: dict) -> bool:
+            try:
+                cls.from_dict(candidate)
+            except ConfigError as e:
+                return str(e) == error
+            return False
+
+        if fails(data):
+            raise ConfigError(f"{source}: {error}" if source else error)
+        if options and fails(with_options):
+            raise ConfigError(f"command-line options: {error}")
+        for k, item in enumerate(overrides):  # the first override after which the config fails this way
+            if fails(apply_overrides(with_options, overrides[: k + 1])):
+                raise ConfigError(f"command-line override {item!r}: {error}")
+        raise ConfigError(f"command line: {error}")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_yaml(), encoding="utf-8")
+
+
+def _merge_sections(data: dict, options: dict[str, dict]) -> dict:
+    """A copy of ``data`` with the fields of ``options`` set section by section."""
+    data = json.loads(json.dumps(data))
+    for section, fields in options.items():
+        node = data.setdefault(section, {})
+        if isinstance(node, dict):  # else from_dict reports the section's type
+            node.update(fields)
+    return data
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -474,12 +549,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected section.key=value")
+            raise ConfigError(f"command-line override {item!r}: expected section.key=value")
         *parents, leaf = key.split(".")
         node = data
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part} is not a section")
+                raise ConfigError(f"command-line override {item!r}: {part} is not a section")
         node[leaf] = yaml.safe_load(raw) if raw else ""
     return data

@@ -19,11 +19,12 @@ from typing import Any
 
 from transduce import checkpoint as ckpt
 from transduce.config import Config
+from transduce.data.corpus import Corpus, read_corpus, resolve_corpus, split_name
 from transduce.errors import TransduceError
 from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.plot import plot_attention_maps, plot_training_curves
 from transduce.runlog import read_metrics
-from transduce.textio import read_lines, resolve_corpus_file, write_lines
+from transduce.textio import read_lines, write_lines
 from transduce.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,15 @@ def default_model(run_dir: Path) -> Path:
     return averaged[-1] if averaged else run_dir
 
 
-def _eval_sets(cfg: Config) -> list[tuple[str, str]]:
-    """(name, path prefix) of the validation set and every test set of the config."""
-    sets = [("valid", cfg.data.valid)] if cfg.data.valid else []
-    return sets + [(Path(prefix).name, prefix) for prefix in cfg.data.test]
+def _eval_sets(cfg: Config) -> list[tuple[str, Corpus]]:
+    """(name, corpus) of the validation set and every test set of the config."""
+    d = cfg.data
+    fields = (d.src_field, d.tgt_field)
+    sets = [("valid", resolve_corpus(d.valid, d.src_lang, d.tgt_lang, fields))] if d.valid else []
+    for spec in d.test:
+        corpus = resolve_corpus(spec, d.src_lang, d.tgt_lang, fields)
+        sets.append((split_name(spec, corpus), corpus))
+    return sets
 
 
 def evaluate_run(run_dir: str | Path, *, model: str | Path | None = None, **decode: Any) -> dict[str, Any]:
@@ -68,9 +74,8 @@ def evaluate_run(run_dir: str | Path, *, model: str | Path | None = None, **deco
     out.mkdir(exist_ok=True)
     result: dict[str, Any] = {"model": str(model_path), "decode": translator.decode.to_dict(), "sets": {}}
     lang = cfg.data.tgt_lang
-    for name, prefix in sets:
-        sources = [t for _, t in read_lines(resolve_corpus_file(prefix, cfg.data.src_lang))]
-        references = [t for _, t in read_lines(resolve_corpus_file(prefix, lang))]
+    for name, corpus in sets:
+        sources, references = read_corpus(corpus)
         log.info("translating %s (%d sentences) with %s", name, len(sources), model_path)
         hypotheses = translator.translate(sources)
         write_lines(hypotheses, out / f"{name}.hyp.{lang}")
@@ -141,9 +146,8 @@ def write_report(run_dir: str | Path, *, samples: int = 12, attention_sentences:
             parts.append("<h2>Learning curves</h2>" + _img(plot_training_curves(metrics, Path(tmp) / "curves.png")))
         sets = _eval_sets(cfg)
         if scores and sets:
-            name, prefix = sets[-1]
-            sources = [t for _, t in read_lines(resolve_corpus_file(prefix, cfg.data.src_lang))][:samples]
-            refs = [t for _, t in read_lines(resolve_corpus_file(prefix, cfg.data.tgt_lang))][:samples]
+            name, corpus = sets[-1]
+            sources, refs = (side[:samples] for side in read_corpus(corpus))
             hyp_file = run_dir / EVAL_DIR / f"{name}.hyp.{cfg.data.tgt_lang}"
             hyps = [t for _, t in read_lines(hyp_file)][:samples]
             parts.append(f"<h2>Sample translations ({e(name)})</h2><table><tr><th>source</th><th>reference</th>"

@@ -3,6 +3,7 @@
     translator = Translator.load("runs/multi30k")             # a run directory or a checkpoint file
     translator.translate(["A man on a bike.", ""])            # ['Ein Mann auf einem Fahrrad.', '']
     translator.translate_nbest(["A dog."], nbest=4)           # [[Translation(text, score, log_prob), ...]]
+    translator.translate_file("test.en", "test.hyp.de")       # a file, line for line; returns the line count
 
 Sentences are tokenised, sorted by length and batched by a token budget (``DecodeConfig.max_tokens`` counts
 sentences x beam x padded source length); results come back in input order, exactly one per input. An empty (or
@@ -15,6 +16,7 @@ translates, so one instance may serve several threads.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -143,6 +145,7 @@ class Translator:
             options: other :class:`DecodeConfig` fields (``length_penalty=1.0``, ``sampling=True``, ...); unknown
                 names raise :class:`transduce.config.ConfigError`.
         """
+        _check_sentences(sentences, "translate")
         cfg = self.search_config(beam=beam, decode=decode, **options)
         return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg)]
 
@@ -160,8 +163,49 @@ class Translator:
         The beam is widened to ``nbest`` if it is smaller. An empty sentence, and a sentence that had to be split,
         get a single translation.
         """
+        _check_sentences(sentences, "translate_nbest")
         cfg = self.search_config(nbest=nbest, beam=beam, decode=decode, **options)
         return self._translate(list(enumerate(sentences, start=1)), cfg)
+
+    def translate_file(
+        self,
+        src: str | Path,
+        out: str | Path,
+        *,
+        replace_invalid: bool = False,
+        beam: int | None = None,
+        decode: DecodeConfig | None = None,
+        **options: Any,
+    ) -> int:
+        """Translate a text file (plain or gzipped, one sentence per line) into ``out``, line for line.
+
+        The input is read and translated a chunk at a time (see :meth:`translate_lines`), so a file of any size
+        needs bounded memory; ``out`` is written as UTF-8 with ``\\n`` line ends and appears only when complete
+        (written beside it under a temporary name, then renamed).
+
+        Args:
+            src: the source file (see :func:`read_source_lines`); a line that is not UTF-8 raises
+                :class:`transduce.errors.DataError` naming it, unless ``replace_invalid``.
+            out: the file of translations; its directory is created.
+            beam, decode, options: as for :meth:`translate`.
+
+        Returns:
+            The number of lines translated.
+        """
+        cfg = self.search_config(beam=beam, decode=decode, **options)
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        count = 0
+        try:
+            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+                for translations in self.translate_lines(read_source_lines(src, replace_invalid=replace_invalid), cfg):
+                    f.write(translations[0].text + "\n")
+                    count += 1
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return count
 
     def search_config(
         self, *, nbest: int | None = None, beam: int | None = None, decode: DecodeConfig | None = None, **options: Any
@@ -320,6 +364,15 @@ class AttentionMaps:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # input text
+
+
+def _check_sentences(sentences: Sequence[str], method: str) -> None:
+    """A str is a Sequence[str] of its characters: refuse it rather than translate each character."""
+    if isinstance(sentences, str | bytes):
+        raise TypeError(
+            f"Translator.{method}() takes a list of sentences, got a single {type(sentences).__name__}; "
+            f"pass [text] (one sentence) or text.split('\\n') (one per line)"
+        )
 
 
 def read_source_lines(path: str | Path, *, replace_invalid: bool = False) -> Iterator[tuple[int, str]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +20,7 @@ import torch.distributed as tdist
 
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, read_lines, read_manifest
+from transduce.data.corpus import corpus_of_record, read_corpus
 from transduce.distributed import Dist, all_reduce_sum
 from transduce.loss import label_smoothed_nll
 from transduce.tokenizer import Tokenizer
@@ -77,13 +77,16 @@ def validation_loss(
 def read_references(dataset: ParallelDataset, tokenizer: Tokenizer) -> tuple[list[str], str]:
     """Reference sentences of the split: raw lines (normalised) when the raw file exists, else decoded ids."""
     try:
-        path = Path(read_manifest(dataset.directory)["inputs"][dataset.split]["tgt"]["path"])
+        corpus = corpus_of_record(read_manifest(dataset.directory)["inputs"][dataset.split])
     except KeyError:
-        path = None
-    if path is not None and path.exists():
+        corpus = None
+    if corpus is not None and corpus.tgt.exists():
         # the rule prepare follows for validation lines (kept with U+FFFD when data.skip_invalid_utf8, else they
         # never got past prepare): every line stays, so line_index still points at the right one
-        lines = [line for _, line in read_lines(path, errors="replace")]
+        if corpus.single_file:  # a TSV or JSON Lines file: the target side of each line
+            lines = read_corpus(corpus, errors="replace")[1]
+        else:
+            lines = [line for _, line in read_lines(corpus.tgt, errors="replace")]
         return [tokenizer.normalise(lines[int(i)]) for i in dataset.line_index], "raw"
     return [tokenizer.decode_tgt(dataset[i][1].tolist()) for i in range(len(dataset))], "decoded ids"
 

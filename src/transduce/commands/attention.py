@@ -2,12 +2,12 @@
 subword pieces on the axes.
 
 Examples:
-  transduce attention --model runs/multi30k --src "A man rides a bike." --out attention.png
-  transduce attention --model runs/multi30k --src "A dog." --tgt "Ein Hund." --out dog.png --self
+  transduce attention --model runs/multi30k --src "A man rides a bike." -o attention.png
+  transduce attention --model runs/multi30k --src "A dog." --tgt "Ein Hund." --output dog.png --self
 
-Without --tgt the model's own translation is used. The encoder-decoder attention goes to --out (row: the target
+Without --tgt the model's own translation is used. The encoder-decoder attention goes to --output (row: the target
 piece being predicted; column: the source piece); --self also writes the encoder and decoder self-attention to
-OUT.encoder.png and OUT.decoder.png.
+OUTPUT.encoder.png and OUTPUT.decoder.png.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from transduce.commands.options import add_output_argument
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--src", required=True, metavar="TEXT", help="the source sentence")
     parser.add_argument("--tgt", metavar="TEXT", help="its translation (default: the model's)")
-    parser.add_argument("--out", required=True, metavar="FILE.png", help="where to write the picture")
+    add_output_argument(parser, "where to write the picture", metavar="FILE.png", required=True)
     parser.add_argument("--self", action="store_true", dest="self_attention", help="also the self-attention")
 
 
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     translator = load_translator(args)
     translator.decode = decode_config(args, translator.decode)  # the translation drawn is the one translate gives
     maps = translator.attention(args.src, args.tgt)
-    for path in plot_attention_maps(maps, args.out, self_attention=args.self_attention):
+    for path in plot_attention_maps(maps, args.output, self_attention=args.self_attention):
         log.info("wrote %s", path)
     print(" ".join(maps.tgt_out_pieces))
     return 0

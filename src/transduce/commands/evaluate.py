@@ -2,7 +2,7 @@
 
 Examples:
   transduce evaluate --model runs/multi30k --src test_2016_flickr.en --ref test_2016_flickr.de
-  transduce evaluate --model runs/multi30k --src test.en --ref test.de --json --hyp-out test.hyp.de
+  transduce evaluate --model runs/multi30k --src test.en --ref test.de --json -o test.hyp.de
   transduce evaluate --hyp test.hyp.de --ref test.de --lc-tok de      # score an existing translation
 
 Scores are on detokenised, cased text. --lc-tok LANG adds the Multi30k literature's number (lowercased,
@@ -17,6 +17,7 @@ import json
 import logging
 from pathlib import Path
 
+from transduce.commands.options import add_output_argument, hidden_alias
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 from transduce.errors import TransduceError
 
@@ -29,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--src", metavar="FILE", help="source sentences to translate")
     parser.add_argument("--hyp", metavar="FILE", help="score these translations instead of translating --src")
     parser.add_argument("--ref", required=True, metavar="FILE", help="reference translations, one per line")
-    parser.add_argument("--hyp-out", metavar="FILE", help="also write the translations here")
+    add_output_argument(parser, "also write the translations here", metavar="FILE")
+    hidden_alias(parser, "--hyp-out", "output")
     parser.add_argument("--lc-tok", metavar="LANG", help="also lowercased Moses-tokenised BLEU (target language)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--force", action="store_true", help="score references that look tokenised anyway")
@@ -65,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         translator = load_translator(args)
         cfg = decode_config(args, translator.decode)
         hypotheses = [ts[0].text for ts in translator.translate_lines(enumerate(sources, start=1), cfg)]
-        if args.hyp_out:
-            Path(args.hyp_out).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        if args.output:
+            Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     if len(hypotheses) != len(references):
         raise LengthMismatchError(len(hypotheses), len(references), f"{args.hyp or 'translations'} vs {args.ref}")
     scores = score(hypotheses, references)

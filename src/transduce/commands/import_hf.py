@@ -2,7 +2,7 @@
 standalone transduce checkpoint: weights, config and the Marian vocabulary.
 
 Examples:
-  transduce import-hf ~/models/opus-mt-en-de models/opus-en-de
+  transduce import-hf --model ~/models/opus-mt-en-de -o models/opus-en-de
   transduce translate --model models/opus-en-de < input.txt
 
 ``transduce translate``, ``evaluate``, ``attention`` and ``serve`` also read a Marian directory directly; importing
@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import argparse
 
+from transduce.commands.options import add_output_argument, model_and_output
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("directory", help="a local Hugging Face Marian model directory (config.json, weights, vocab)")
-    p.add_argument("out_dir", help="output checkpoint directory (created; must be empty unless --force)")
+    p.add_argument(
+        "--model", metavar="DIR", help="a local Hugging Face Marian model directory (config.json, weights, vocab)"
+    )
+    add_output_argument(p, "output checkpoint directory (created; must be empty unless --force)", metavar="DIR")
+    p.add_argument("paths", nargs="*", help=argparse.SUPPRESS)  # the older spelling: DIRECTORY OUT_DIR
     p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
 
 
 def run(args: argparse.Namespace) -> int:
     from transduce.interop import quiet_transformers
 
+    source, out_dir = model_and_output(args, "the Hugging Face Marian directory")
     quiet_transformers()
     from transduce.interop.marian import import_hf
 
-    print(f"imported: {import_hf(args.directory, args.out_dir, overwrite=args.force)}")
+    print(f"imported: {import_hf(source, out_dir, overwrite=args.force)}")
     return 0

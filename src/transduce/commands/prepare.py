@@ -2,19 +2,27 @@
 
 Examples:
   transduce prepare --src-lang en --tgt-lang de --train data/multi30k/train --valid data/multi30k/val \\
-      --test data/multi30k/test_2016_flickr --out prepared/multi30k --vocab-size 8000
-  transduce prepare --config configs/multi30k_en_de.yaml --out prepared/multi30k data.lowercase=true
+      --test data/multi30k/test_2016_flickr --output prepared/multi30k --vocab-size 8000
+  transduce prepare --train corpus/train.tsv --valid corpus/valid.tsv -o prepared/mine
+  transduce prepare --train corpus/train.jsonl --src-field translation.en --tgt-field translation.de -o prepared/hf
+  transduce prepare --src-file corpus/train.source --tgt-file corpus/train.target -o prepared/two-files
+  transduce prepare --config configs/multi30k_en_de.yaml -o prepared/multi30k data.lowercase=true
 
-A corpus is a path prefix: --train data/train with --src-lang en reads data/train.en or data/train.en.gz.
-Options on the command line override the config file; dotted KEY=VALUE overrides are applied to the file.
+A corpus (--train, --valid, --test) is a path prefix (--train data/train with --src-lang en reads data/train.en or
+data/train.en.gz, and data/train.de[.gz]), a TSV file (NAME.tsv[.gz]: source<TAB>target), or a JSON Lines file
+(NAME.jsonl[.gz]: {"src": ..., "tgt": ...} per line; --src-field/--tgt-field name other fields). --src-file and
+--tgt-file give the training corpus as two files of any names. Options on the command line override the config
+file, and dotted KEY=VALUE overrides override both.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
-from transduce.config import Config, ConfigError, DataConfig, apply_overrides
+from transduce.commands.options import add_output_argument
+from transduce.config import Config, ConfigError, DataConfig
 from transduce.data import prepare
 
 log = logging.getLogger(__name__)
@@ -25,6 +33,8 @@ _VALUE_FLAGS = {
     "tgt_lang": "tgt_lang",
     "train": "train",
     "valid": "valid",
+    "src_field": "src_field",
+    "tgt_field": "tgt_field",
     "vocab_size": "vocab_size",
     "vocab_type": "vocab_type",
     "max_len": "max_len",
@@ -33,62 +43,80 @@ _VALUE_FLAGS = {
     "character_coverage": "character_coverage",
     "workers": "workers",
 }
+# command-line switch -> (DataConfig field, value when given)
+_SWITCHES = {
+    "separate_vocab": ("joint_vocab", False),
+    "lowercase": ("lowercase", True),
+    "dedup": ("dedup", True),
+    "skip_invalid_utf8": ("skip_invalid_utf8", True),
+}
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data options shared by ``prepare`` and ``train``; every one defaults to the config (file or built-in)."""
+    g = parser.add_argument_group("data (default: the config's data section)")
+    g.add_argument("--src-lang", metavar="LANG", help="source language suffix of a prefix's files")
+    g.add_argument("--tgt-lang", metavar="LANG", help="target language suffix of a prefix's files")
+    g.add_argument("--train", metavar="CORPUS", help="training corpus: PREFIX, FILE.tsv or FILE.jsonl (.gz too)")
+    g.add_argument("--src-file", metavar="FILE", help="training corpus as two files: the source side ...")
+    g.add_argument("--tgt-file", metavar="FILE", help="... and the target side, line by line")
+    g.add_argument("--valid", metavar="CORPUS", help="validation corpus (every line kept)")
+    g.add_argument("--test", metavar="CORPUS", action="append", help="a test corpus (repeatable; every line kept)")
+    g.add_argument("--src-field", metavar="NAME", help="JSON Lines: field of the source (default: src; a.b nests)")
+    g.add_argument("--tgt-field", metavar="NAME", help="JSON Lines: field of the target (default: tgt)")
+    g.add_argument("--vocab-size", type=int, metavar="N", help="subword vocabulary size")
+    g.add_argument("--vocab-type", choices=("bpe", "unigram"), help="SentencePiece model type")
+    g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
+    g.add_argument("--lowercase", action="store_true", help="lowercase both sides (also at translation)")
+    g.add_argument("--max-len", type=int, metavar="N", help="drop training pairs longer than N tokens")
+    g.add_argument("--max-len-ratio", type=float, metavar="R", help="drop training pairs with a length ratio > R")
+    g.add_argument("--input-sentence-size", type=int, metavar="N", help="sentences sampled for the vocabulary")
+    g.add_argument("--character-coverage", type=float, metavar="C", help="SentencePiece character coverage")
+    g.add_argument("--dedup", action="store_true", help="drop exact duplicate training pairs")
+    g.add_argument("--skip-invalid-utf8", action="store_true", help="skip (and count) pairs that are not UTF-8")
+    g.add_argument("--workers", type=int, metavar="N", help="encoding processes (0: all cores)")
+
+
+def data_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The data fields the command line sets (``{}`` when no data option was given)."""
+    data: dict[str, Any] = {key: getattr(args, flag) for flag, key in _VALUE_FLAGS.items()}
+    data = {key: value for key, value in data.items() if value is not None}
+    if (args.src_file is None) != (args.tgt_file is None):
+        raise ConfigError("--src-file and --tgt-file go together (the two sides of the training corpus)")
+    if args.src_file is not None:
+        if args.train is not None:
+            raise ConfigError("give the training corpus once: --train CORPUS or --src-file and --tgt-file")
+        data["train"] = [args.src_file, args.tgt_file]
+    if args.test:
+        data["test"] = args.test
+    for flag, (key, value) in _SWITCHES.items():
+        if getattr(args, flag):
+            data[key] = value
+    return data
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``transduce prepare``; every one defaults to the config (file or built-in defaults)."""
+    """The options of ``transduce prepare``."""
     parser.add_argument("--config", metavar="YAML", help="run configuration; its data section is used")
-    parser.add_argument("--src-lang", metavar="LANG", help="source language suffix of the raw files")
-    parser.add_argument("--tgt-lang", metavar="LANG", help="target language suffix of the raw files")
-    parser.add_argument("--train", metavar="PREFIX", help="training corpus: PREFIX.SRC[.gz] and PREFIX.TGT[.gz]")
-    parser.add_argument("--valid", metavar="PREFIX", help="validation corpus (every line kept)")
-    parser.add_argument("--test", metavar="PREFIX", action="append", help="a test corpus (repeatable; every line kept)")
-    parser.add_argument("--out", metavar="DIR", help="the prepared directory (default: data.prepared)")
-    parser.add_argument("--vocab-size", type=int, metavar="N", help="subword vocabulary size")
-    parser.add_argument("--vocab-type", choices=("bpe", "unigram"), help="SentencePiece model type")
-    parser.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
-    parser.add_argument("--lowercase", action="store_true", help="lowercase both sides (also at translation)")
-    parser.add_argument("--max-len", type=int, metavar="N", help="drop training pairs longer than N tokens")
-    parser.add_argument("--max-len-ratio", type=float, metavar="R", help="drop training pairs with a length ratio > R")
-    parser.add_argument("--input-sentence-size", type=int, metavar="N", help="sentences sampled for the vocabulary")
-    parser.add_argument("--character-coverage", type=float, metavar="C", help="SentencePiece character coverage")
-    parser.add_argument("--dedup", action="store_true", help="drop exact duplicate training pairs")
-    parser.add_argument("--skip-invalid-utf8", action="store_true", help="skip (and count) pairs that are not UTF-8")
-    parser.add_argument("--workers", type=int, metavar="N", help="encoding processes (0: all cores)")
+    add_output_argument(parser, "the prepared directory (default: data.prepared)", metavar="DIR")
     parser.add_argument("--force", action="store_true", help="rebuild even if DIR already holds this preparation")
+    add_data_arguments(parser)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides (data.max_len=100)")
 
 
 def data_config(args: argparse.Namespace) -> DataConfig:
-    """The :class:`DataConfig` described by the parsed arguments (config file, then overrides, then flags)."""
+    """The :class:`DataConfig` described by the parsed arguments (config file, then flags, then overrides)."""
+    options = {"data": data_flags(args)}
     if args.config:
-        data = Config.load(args.config, args.overrides).data.to_dict()
-    else:
-        data = Config.from_dict(apply_overrides({}, args.overrides)).data.to_dict()
-    for flag, key in _VALUE_FLAGS.items():
-        if getattr(args, flag) is not None:
-            data[key] = getattr(args, flag)
-    if args.test:
-        data["test"] = args.test
-    for flag, key, value in (
-        ("separate_vocab", "joint_vocab", False),
-        ("lowercase", "lowercase", True),
-        ("dedup", "dedup", True),
-        ("skip_invalid_utf8", "skip_invalid_utf8", True),
-    ):
-        if getattr(args, flag):
-            data[key] = value
-    try:
-        return DataConfig.from_dict(data)
-    except ConfigError as e:
-        raise ConfigError(f"data.{e}") from None
+        return Config.load(args.config, args.overrides, options=options).data
+    return Config.resolve({}, args.overrides, options=options).data
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = data_config(args)
-    out = args.out or cfg.prepared
+    out = args.output or cfg.prepared
     if not out:
-        raise ConfigError("no output directory: pass --out DIR or set data.prepared")
+        raise ConfigError("no output directory: pass --output DIR or set data.prepared")
     manifest = prepare(cfg, out, force=args.force)
     train = manifest["splits"]["train"]
     log.info("%s: %d training pairs, vocabulary %s", out, train["pairs"], manifest["tokenizer"]["src_vocab_size"])

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 
+from transduce.commands.options import add_output_argument
 from transduce.quickstart import run_quickstart
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="quickstart", help="output directory (default: %(default)s)")
+    add_output_argument(p, "output directory (default: %(default)s)", metavar="DIR", default="quickstart")
     p.add_argument("--minutes", type=float, default=2.5, help="training time budget (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--train-pairs", type=int, default=30000, help="generated training pairs (default: %(default)s)")
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     r = run_quickstart(
-        args.out, minutes=args.minutes, seed=args.seed, train_pairs=args.train_pairs, test_pairs=args.test_pairs
+        args.output, minutes=args.minutes, seed=args.seed, train_pairs=args.train_pairs, test_pairs=args.test_pairs
     )
     print(f"\ntrained {r.steps} updates; test set of {r.test_sentences} held-out dates:")
     print(f"  BLEU {r.bleu:.2f}  ({r.bleu_signature})")

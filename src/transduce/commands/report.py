@@ -9,16 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 
+from transduce.commands.options import positive_int
 from transduce.config import LENGTH_NORMS
 from transduce.report import evaluate_run, write_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="a training run directory")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory")
     p.add_argument("--evaluate", action="store_true", help="translate and score the sets first (else: reuse eval/)")
-    p.add_argument("--model", help="checkpoint to evaluate (default: the newest average_last*, else the best)")
-    p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
-    p.add_argument("--length-penalty", type=float, help="penalty alpha (default: the run's decode.length_penalty)")
+    p.add_argument(
+        "--model", metavar="PATH", help="checkpoint to evaluate (default: the newest average_last*, else the best)"
+    )
+    p.add_argument("--beam", type=positive_int, metavar="K", help="beam size (default: the run's decode.beam)")
+    p.add_argument(
+        "--length-penalty", type=float, metavar="ALPHA", help="penalty alpha (default: the run's decode.length_penalty)"
+    )
     p.add_argument("--length-norm", choices=LENGTH_NORMS, help="gnmt or length (default: the run's decode.length_norm)")
 
 

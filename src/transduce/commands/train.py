@@ -3,27 +3,39 @@
 Examples:
   transduce train configs/example.yaml
   transduce train configs/toy.yaml train.max_steps=2000 model.dropout=0.2 train.precision=bf16
+  transduce train --preset small --train corpus/train.tsv --valid corpus/valid.tsv -o runs/mine   # no YAML
+  transduce train --preset tiny --src-file train.src --tgt-file train.tgt -o runs/two-files train.max_steps=5000
   transduce train --resume runs/toy                          # continue exactly where it stopped
   transduce train --resume runs/toy train.max_steps=50000    # ... with a later end
+
+Without CONFIG.yaml every value is the built-in default (the config dataclasses, listed in configs/example.yaml),
+with the model shape of --preset (base, big, small, tiny, test), the data options below and the KEY=VALUE overrides
+on top. The corpus forms are those of `transduce prepare`: a path prefix, a .tsv or .jsonl file, or two files.
 
 Data parallelism (DDP; the same command on every node, one process per GPU, or per CPU socket with gloo):
   torchrun --nproc_per_node 8 -m transduce.cli train configs/example.yaml
   torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 --rdzv_backend c10d \\
       --rdzv_endpoint HOST:29500 -m transduce.cli train configs/example.yaml    # node_rank 1 on the other node
 
-The run directory (train.run_dir) receives config.yaml (the resolved config), vocab/, checkpoints/ (step_N/,
-last, best), metrics.jsonl, train.log and, when tensorboard is installed, tensorboard/. SIGINT or SIGTERM writes a
-checkpoint and exits with 130 / 143; resume with --resume RUN_DIR. Every config key is commented in
-configs/example.yaml; the train.* keys are listed below.
+The run directory (train.run_dir, or -o DIR) receives config.yaml (the resolved config), vocab/, checkpoints/
+(step_N/, last, best), metrics.jsonl, train.log and, when tensorboard is installed, tensorboard/. A run that fails
+before writing anything leaves no directory behind. SIGINT or SIGTERM writes a checkpoint and exits with 130 / 143;
+resume with --resume RUN_DIR. Every config key is commented in configs/example.yaml; the train.* keys are listed
+below.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
+from pathlib import Path
+from typing import Any
 
-from transduce.config import Config, TrainConfig
+from transduce.commands.options import add_output_argument
+from transduce.commands.prepare import add_data_arguments, data_flags
+from transduce.config import MODEL_PRESETS, Config, TrainConfig
 
 
 def _field_docs(cls: type) -> str:
@@ -35,10 +47,14 @@ def _field_docs(cls: type) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``transduce train CONFIG [KEY=VALUE ...]`` or ``transduce train --resume RUN_DIR [KEY=VALUE ...]``."""
-    parser.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="the run configuration")
+    """``transduce train [CONFIG] [options] [KEY=VALUE ...]`` or ``transduce train --resume RUN_DIR [KEY=VALUE]``."""
+    parser.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="the run configuration (optional)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides (train.max_steps=100)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    presets = ", ".join(MODEL_PRESETS)
+    parser.add_argument("--preset", metavar="NAME", help=f"model shape (model.preset): {presets}; model keys on top")
+    add_output_argument(parser, "the run directory (train.run_dir)", metavar="DIR")
+    add_data_arguments(parser)
     parser.epilog = "train.* keys (default  # meaning):\n" + _field_docs(TrainConfig)
 
 
@@ -46,14 +62,62 @@ def run(args: argparse.Namespace) -> int:
     from transduce.train import TrainingError, train
 
     overrides = list(args.overrides)
+    if args.config and "=" in args.config:  # argparse puts the first KEY=VALUE into CONFIG when there is no file
+        overrides.insert(0, args.config)
+        args.config = None
+    options = _options(args)
     if args.resume:
-        if args.config:  # argparse puts the first KEY=VALUE into CONFIG when --resume is used
-            if "=" not in args.config:
-                raise TrainingError("give either CONFIG.yaml or --resume RUN_DIR, not both")
-            overrides.insert(0, args.config)
-        outcome = train(resume=args.resume, overrides=overrides)
+        if args.config:
+            raise TrainingError("give either CONFIG.yaml or --resume RUN_DIR, not both")
+        if options:
+            raise TrainingError("--resume takes the run's own config; change it with KEY=VALUE overrides")
+        return train(resume=args.resume, overrides=overrides).exit_code
+    if args.config:
+        config = Config.load(args.config, overrides, options=options)
+    elif options or overrides:
+        config = Config.resolve({}, overrides, options=options)
     else:
-        if not args.config:
-            raise TrainingError("missing CONFIG.yaml (or --resume RUN_DIR)")
-        outcome = train(Config.load(args.config, overrides=overrides))
-    return outcome.exit_code
+        raise TrainingError("missing CONFIG.yaml (or --resume RUN_DIR, or --preset NAME with the data: --train CORPUS)")
+    created = _first_missing(Path(config.train.run_dir))
+    try:
+        return train(config).exit_code
+    except BaseException:
+        if created is not None:
+            _remove_empty_tree(created)
+        raise
+
+
+def _options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The config fields the command-line options set, by section."""
+    options: dict[str, dict[str, Any]] = {}
+    if args.preset is not None:
+        options["model"] = {"preset": args.preset}
+    if args.output is not None:
+        options["train"] = {"run_dir": args.output}
+    data = data_flags(args)
+    if data:
+        options["data"] = data
+    return options
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (what creating ``path`` creates)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_empty_tree(directory: Path) -> None:
+    """Remove ``directory`` if it holds only empty directories (what a run that failed early leaves)."""
+    if not directory.is_dir():
+        return
+    for sub, _, files in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):  # deepest first
+        if files:
+            return
+        try:
+            os.rmdir(sub)
+        except OSError:  # not empty after all (a file appeared, or another process's): keep it
+            return

@@ -3,7 +3,9 @@
 Examples:
   transduce translate --model runs/multi30k < test.en > test.hyp.de
   transduce translate --model runs/multi30k/average_last5 --input test.en --output test.hyp.de --beam 5
-  transduce translate --model runs/multi30k --nbest 4 --input test.en     # Moses n-best: "i ||| text ||| score"
+  transduce translate --model runs/multi30k --nbest 4 -i test.en     # ID ||| TEXT ||| log_prob= LP ||| SCORE
+  transduce translate --model runs/multi30k --nbest 4 --json -i test.en   # a JSON object per input line
+  transduce translate --model runs/multi30k --interactive                # each line answered as it is typed
 
 Input is read as UTF-8 and split on "\\n" only; a byte that is not UTF-8 is an error naming the line, unless
 --replace-invalid. An empty line gives an empty line. A line longer than --max-input-tokens subword tokens is split
@@ -15,12 +17,14 @@ config (the paper's: beam 4, length penalty 0.6, maximum length = input length +
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from transduce.commands.options import add_output_argument, positive_int
 from transduce.config import LENGTH_NORMS, DecodeConfig
 
 log = logging.getLogger(__name__)
@@ -53,7 +57,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     parser.add_argument(
         "--max-input-tokens",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="split longer lines (default: 1024; max_positions - 1 with learned positions)",
     )
@@ -63,7 +67,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU: dynamic int8 linear layers (all where the CPU has VNNI, else the larger ones; faster, approximate)",
     )
     g = parser.add_argument_group("decoding (default: the run's decode config)")
-    g.add_argument("--beam", type=int, metavar="K", help="beam size; 1 is greedy")
+    g.add_argument("--beam", type=positive_int, metavar="K", help="beam size; 1 is greedy")
     g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="length penalty alpha; 0: off")
     g.add_argument(
         "--length-norm", choices=LENGTH_NORMS,
@@ -81,7 +85,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float)
     g.add_argument("--top-k", type=int)
     g.add_argument("--top-p", type=float)
-    g.add_argument("--max-tokens", type=int, metavar="N", help="token budget of a batch (sentences x beam x length)")
+    g.add_argument(
+        "--max-tokens", type=positive_int, metavar="N", help="token budget of a batch (sentences x beam x length)"
+    )
 
 
 def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
@@ -112,9 +118,17 @@ def load_translator(args: argparse.Namespace):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--input", default="-", metavar="FILE", help="source text (default: stdin; .gz is read)")
-    parser.add_argument("--output", default="-", metavar="FILE", help="translations (default: stdout)")
-    parser.add_argument("--nbest", type=int, metavar="K", help="write K translations per line, Moses n-best format")
+    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="source text (default: stdin; .gz is read)")
+    add_output_argument(parser, "translations (default: stdout)", metavar="FILE", default="-")
+    parser.add_argument("--nbest", type=positive_int, metavar="K", help="write the K best translations of each line")
+    parser.add_argument(
+        "--json", action="store_true", help="write a JSON object per input line (with its --nbest translations)"
+    )
+    parser.add_argument(
+        "--interactive",
+        action="store_true",
+        help="translate each line as soon as it is read (the default when stdin is a terminal)",
+    )
     parser.add_argument(
         "--replace-invalid", action="store_true", help="replace bytes that are not UTF-8 instead of failing"
     )
@@ -125,20 +139,50 @@ def run(args: argparse.Namespace) -> int:
 
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode)
-    nbest = args.nbest is not None
+    terminal = args.input == "-" and _is_terminal(sys.stdin)
+    interactive = args.interactive or terminal
+    if terminal:
+        log.info("type a sentence and Enter; Ctrl-D ends")
     lines = read_source_lines(args.input, replace_invalid=args.replace_invalid)
+    write = format_json if args.json else format_nbest if args.nbest is not None else format_text
     count = 0
     with _open_output(args.output) as out:
-        for index, translations in enumerate(translator.translate_lines(lines, cfg)):
-            if nbest:
-                for t in translations:
-                    out.write(f"{index} ||| {t.text} ||| {t.score:.6f}\n")
-            else:
-                out.write(translations[0].text + "\n")
+        # interactive: a chunk of one line, flushed at once (else: sorted chunks of 2000 lines for speed)
+        chunks = translator.translate_lines(lines, cfg, chunk_size=1 if interactive else 2000)
+        for index, translations in enumerate(chunks):
+            out.write(write(index, translations))
+            if interactive:
+                out.flush()
             count += 1
         out.flush()
     log.info("translated %d lines", count)
     return 0
+
+
+def format_text(index: int, translations: list) -> str:
+    """The best translation, one line."""
+    return translations[0].text + "\n"
+
+
+def format_nbest(index: int, translations: list) -> str:
+    """Moses n-best lines, best first: ``ID ||| TRANSLATION ||| log_prob= LOGPROB ||| SCORE``.
+
+    ID counts input lines from 0; LOGPROB is the model's log-probability of the translation (its tokens and EOS);
+    SCORE is the search's ranking score (LOGPROB divided by the length penalty when it is on)."""
+    return "".join(f"{index} ||| {t.text} ||| log_prob= {t.log_prob:.6f} ||| {t.score:.6f}\n" for t in translations)
+
+
+def format_json(index: int, translations: list) -> str:
+    """``{"id": ID, "translations": [{"text", "score", "log_prob"}, ...]}`` on one line, best first."""
+    hyps = [{"text": t.text, "score": round(t.score, 6), "log_prob": round(t.log_prob, 6)} for t in translations]
+    return json.dumps({"id": index, "translations": hyps}, ensure_ascii=False) + "\n"
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # a replaced or closed stdin
+        return False
 
 
 def _open_output(path: str):

@@ -3,9 +3,9 @@
 Two streaming passes over the training pair, in memory bounded by ``input_sentence_size`` (plus the dedup hashes
 when ``dedup`` is on), never by the corpus size:
 
-1. **check and sample**: every input is read in lockstep, which catches missing files, unequal line counts and
-   bytes that are not UTF-8 *before* any work is done; a uniform reservoir sample of at most
-   ``input_sentence_size`` training sentences is kept for the vocabulary;
+1. **check and sample**: every input is read from end to end, which catches missing files, unequal line counts,
+   malformed TSV or JSON Lines lines (:mod:`transduce.data.corpus`) and bytes that are not UTF-8 *before* any work
+   is done; a uniform sample of at most ``input_sentence_size`` training sentences is kept for the vocabulary;
 2. **encode**: chunks of raw pairs go to ``workers`` processes (bounded in flight, order preserved), which decode,
    clean and encode them; the parent deduplicates and appends the ids to the binary files.
 
@@ -43,6 +43,7 @@ import sentencepiece
 from transduce.casing import augment_pair, augmented
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE, SplitWriter, ids_dtype, split_files
+from transduce.data.corpus import Corpus, resolve_corpus, split_name
 from transduce.data.encode import (
     DROP_REASONS,
     UTF8_HINT,
@@ -56,7 +57,7 @@ from transduce.data.encode import (
 from transduce.data.output import install, make_temp_dir, read_json, write_json
 from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
-from transduce.textio import iter_raw_pairs, line_count_error, resolve_corpus_file, scan_text, sha256_file
+from transduce.textio import line_count_error, scan_text, sha256_file
 from transduce.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,7 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
     out_dir = Path(out_dir)
     corpora = _corpora(cfg)
     options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
-    inputs = {
-        split: {side: _describe(path) for side, path in (("src", src), ("tgt", tgt))}
-        for split, (src, tgt) in corpora.items()
-    }
+    inputs = {split: _describe(corpus) for split, corpus in corpora.items()}
     existing = _existing_manifest(out_dir)
     if existing is not None and not force:
         if _fingerprint(existing) == _fingerprint({"options": options, "inputs": inputs}):
@@ -129,12 +127,12 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
 
 
 def _prepare_into(
-    tmp: Path, cfg: DataConfig, corpora: dict[str, tuple[Path, Path]], inputs: dict, options: dict
+    tmp: Path, cfg: DataConfig, corpora: dict[str, Corpus], inputs: dict, options: dict
 ) -> dict[str, Any]:
-    for split, (src, tgt) in corpora.items():  # every input is checked before any real work
-        inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(src, tgt, cfg.skip_invalid_utf8)
+    for split, corpus in corpora.items():  # every input is checked before any real work
+        inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(corpus, cfg.skip_invalid_utf8)
     workers = cfg.workers or os.cpu_count() or 1
-    tok = _train_vocabulary(tmp, cfg, *corpora["train"], inputs["train"]["src"]["lines"], workers)
+    tok = _train_vocabulary(tmp, cfg, corpora["train"], inputs["train"]["src"]["lines"], workers)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
     enc_opts = EncodeOptions(
         str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup, cfg.case_augment
@@ -142,9 +140,9 @@ def _prepare_into(
 
     splits: dict[str, Any] = {}
     with _Encoder(enc_opts, workers) as encoder:
-        for split, (src, tgt) in corpora.items():
+        for split, corpus in corpora.items():
             writer = SplitWriter(tmp, split, dtype)
-            counts = _encode_split(encoder, writer, split, src, tgt, dedup=cfg.dedup and split == "train")
+            counts = _encode_split(encoder, writer, split, corpus, dedup=cfg.dedup and split == "train")
             info = writer.close()
             splits[split] = {
                 **info,
@@ -156,8 +154,7 @@ def _prepare_into(
             _log_counts(split, splits[split], cfg)
     if splits["train"]["pairs"] == 0:
         raise DataError(
-            f"{corpora['train'][0]} and {corpora['train'][1]}: no sentence pairs left after cleaning "
-            f"({_dropped(splits['train']['counts'])})"
+            f"{corpora['train']}: no sentence pairs left after cleaning ({_dropped(splits['train']['counts'])})"
         )
     return {
         "format": FORMAT,
@@ -174,20 +171,26 @@ def _prepare_into(
     }
 
 
-def _check(src: Path, tgt: Path, skip_invalid: bool) -> int:
-    """Pass 1: both files are UTF-8 (unless ``skip_invalid``) and have the same number of lines; returns it."""
+def _check(corpus: Corpus, skip_invalid: bool) -> int:
+    """Pass 1: the files are UTF-8 (unless ``skip_invalid``) and the corpus is well formed (two files of equal
+    line counts; every TSV line with one tab; every JSON Lines line an object with both fields); returns the count
+    of pairs."""
     counts = []
-    for path in (src, tgt):
+    for path in (corpus.src,) if corpus.single_file else (corpus.src, corpus.tgt):
         scan = scan_text(path)
         if scan.invalid and not skip_invalid:
             raise DataError(f"{scan.first_invalid}; {UTF8_HINT}")
         counts.append(scan.lines)
+    if corpus.single_file:
+        for _ in corpus.pairs():  # raises at the first malformed line, naming it
+            pass
+        return counts[0]
     if counts[0] != counts[1]:
-        raise DataError(line_count_error(src, counts[0], tgt, counts[1]))
+        raise DataError(line_count_error(corpus.src, counts[0], corpus.tgt, counts[1]))
     return counts[0]
 
 
-def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: int, workers: int) -> Tokenizer:
+def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, workers: int) -> Tokenizer:
     """Train the tokenizer on a uniform sample of at most ``input_sentence_size`` training sentences.
 
     The sampled line numbers are drawn first (the line count is known), then one lockstep pass picks them out:
@@ -198,7 +201,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: i
     wanted = iter(sorted(rng.sample(range(lines), k)) if lines > k else range(lines))
     sample: list[tuple[str, str]] = []
     next_line = next(wanted, None)
-    for lineno, s_raw, t_raw in iter_raw_pairs(src, tgt):
+    for lineno, s_raw, t_raw in corpus.pairs():
         if lineno - 1 != next_line:
             continue
         next_line = next(wanted, None)
@@ -214,7 +217,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: i
             break
     if not sample:
         where = f"{lines} lines" if lines <= k else f"none in a sample of {k} of {lines} lines"
-        raise DataError(f"{src} and {tgt}: no sentence pairs with text on both sides ({where})")
+        raise DataError(f"{corpus}: no sentence pairs with text on both sides ({where})")
     log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
     rng.shuffle(sample)
     options = dict(
@@ -229,26 +232,25 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: i
     return Tokenizer.train(tmp, (s for s, _ in sample), (t for _, t in sample), **options)
 
 
-def _chunks(split: str, src: Path, tgt: Path) -> Iterator[Chunk]:
+def _chunks(split: str, corpus: Corpus) -> Iterator[Chunk]:
     train = split == "train"
+    src, tgt = str(corpus.src), str(corpus.tgt)
     first, s_buf, t_buf = 0, [], []
-    for lineno, s, t in iter_raw_pairs(src, tgt):
+    for lineno, s, t in corpus.pairs():
         s_buf.append(s)
         t_buf.append(t)
         if len(s_buf) == CHUNK_PAIRS:
-            yield Chunk(train, str(src), str(tgt), first, s_buf, t_buf)
+            yield Chunk(train, src, tgt, first, s_buf, t_buf)
             first, s_buf, t_buf = lineno, [], []
     if s_buf:
-        yield Chunk(train, str(src), str(tgt), first, s_buf, t_buf)
+        yield Chunk(train, src, tgt, first, s_buf, t_buf)
 
 
-def _encode_split(
-    encoder: _Encoder, writer: SplitWriter, split: str, src: Path, tgt: Path, *, dedup: bool
-) -> dict[str, int]:
+def _encode_split(encoder: _Encoder, writer: SplitWriter, split: str, corpus: Corpus, *, dedup: bool) -> dict[str, int]:
     counts = dict.fromkeys(DROP_REASONS, 0)
     seen: set[int] = set()
     next_report = 1_000_000
-    for enc in encoder.map(_chunks(split, src, tgt)):
+    for enc in encoder.map(_chunks(split, corpus)):
         for key, value in enc.counts.items():
             counts[key] += value
         if dedup:
@@ -305,30 +307,42 @@ def _kind(split: str) -> str:
     return split if split in ("train", "valid") else "test"
 
 
-def _corpora(cfg: DataConfig) -> dict[str, tuple[Path, Path]]:
+def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
     if not cfg.train:
-        raise DataError("no training corpus: set data.train (--train PREFIX)")
-    prefixes = {"train": cfg.train}
+        raise DataError("no training corpus: set data.train (--train PREFIX|FILE.tsv|FILE.jsonl, or --src-file and "
+                        "--tgt-file)")  # fmt: skip
+    fields = (cfg.src_field, cfg.tgt_field)
+    corpora = {"train": resolve_corpus(cfg.train, cfg.src_lang, cfg.tgt_lang, fields)}
     if cfg.valid:
-        prefixes["valid"] = cfg.valid
-    for prefix in cfg.test:
-        name = Path(prefix).name
-        if name in prefixes:
-            raise DataError(f"test set {prefix}: the split name {name!r} is already taken; rename the files")
-        prefixes[name] = prefix
-    return {
-        split: (resolve_corpus_file(p, cfg.src_lang), resolve_corpus_file(p, cfg.tgt_lang))
-        for split, p in prefixes.items()
-    }
+        corpora["valid"] = resolve_corpus(cfg.valid, cfg.src_lang, cfg.tgt_lang, fields)
+    for spec in cfg.test:
+        corpus = resolve_corpus(spec, cfg.src_lang, cfg.tgt_lang, fields)
+        name = split_name(spec, corpus)
+        if name in corpora:
+            raise DataError(f"test set {corpus}: the split name {name!r} is already taken; rename the files")
+        corpora[name] = corpus
+    return corpora
 
 
-def _describe(path: Path) -> dict[str, Any]:
-    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+def _describe(corpus: Corpus) -> dict[str, Any]:
+    def file(path: Path) -> dict[str, Any]:
+        return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+    src = file(corpus.src)
+    return {**corpus.record(), "src": src, "tgt": dict(src) if corpus.single_file else file(corpus.tgt)}
 
 
 def _fingerprint(manifest: dict[str, Any]) -> tuple:
-    """What must match for an earlier preparation to be reused: format version, options, input checksums."""
-    inputs = {split: tuple(sides[s]["sha256"] for s in ("src", "tgt")) for split, sides in manifest["inputs"].items()}
+    """What must match for an earlier preparation to be reused: format version, options, inputs (how each corpus is
+    read and the checksums of its files)."""
+    inputs = {
+        split: (
+            record.get("format", "files"),
+            tuple(record.get("fields", ())),
+            *(record[side]["sha256"] for side in ("src", "tgt")),
+        )
+        for split, record in manifest["inputs"].items()
+    }
     return manifest.get("version", VERSION), manifest["options"], inputs
 
 

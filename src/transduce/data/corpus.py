@@ -1,0 +1,199 @@
+"""A parallel corpus in the forms users have it: two files, a TSV file, or a JSON Lines file.
+
+A corpus is named in the config (``data.train``, ``data.valid``, each entry of ``data.test``) by:
+
+- a path prefix, ``data/train``: ``data/train.{src_lang}[.gz]`` and ``data/train.{tgt_lang}[.gz]``;
+- two files, ``[train.src.txt, train.tgt.txt]`` (YAML list; ``--src-file``/``--tgt-file`` on the command line);
+- one TSV file, ``train.tsv[.gz]``: ``source<TAB>target`` on every line, exactly one tab;
+- one JSON Lines file, ``train.jsonl[.gz]``: an object per line with the source and target strings in the fields
+  ``data.src_field`` and ``data.tgt_field`` (``src`` and ``tgt`` by default; ``translation.en`` reaches into a
+  nested object, as in Hugging Face exports). Line breaks inside a value become spaces (one sentence, one line).
+
+Whatever the form, :meth:`Corpus.pairs` yields ``(line number, source bytes, target bytes)`` and every structural
+fault is a :class:`DataError` naming the file and line: a line without a tab, a line that is not JSON, a missing
+field. Bytes that are not UTF-8 are left in place, for :func:`transduce.textio.decode_line`'s one rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transduce.errors import DataError
+from transduce.textio import iter_raw_lines, iter_raw_pairs, resolve_corpus_file
+
+FORMATS = ("files", "tsv", "jsonl")
+SUFFIXES = {".tsv": "tsv", ".jsonl": "jsonl"}  # of single-file corpora, also with .gz after them
+_LINE_BREAKS = str.maketrans({"\n": " ", "\r": " "})
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One parallel corpus: its form, its file(s), and for JSON Lines the two fields.
+
+    Attributes:
+        format: ``"files"`` (two files, line by line), ``"tsv"`` or ``"jsonl"``.
+        src, tgt: the files of the two sides; the same file for ``tsv`` and ``jsonl``.
+        fields: (source field, target field) of ``jsonl``; dotted names reach into nested objects.
+    """
+
+    format: str
+    src: Path
+    tgt: Path
+    fields: tuple[str, str] = ("src", "tgt")
+
+    @property
+    def single_file(self) -> bool:
+        return self.format != "files"
+
+    def __str__(self) -> str:
+        return str(self.src) if self.single_file else f"{self.src} and {self.tgt}"
+
+    def name(self) -> str:
+        """A split name for a test set: the file name without its corpus suffixes (``test2016.tsv.gz`` -> ``test2016``;
+        two files: the source file's name without its last suffix)."""
+        name = self.src.name.removesuffix(".gz")
+        return name.rsplit(".", 1)[0] if "." in name else name
+
+    def pairs(self) -> Iterator[tuple[int, bytes, bytes]]:
+        """``(line number from 1, source bytes, target bytes)`` for every line.
+
+        Raises:
+            DataError: two files with different numbers of lines; a TSV line without exactly one tab; a JSON Lines
+                line that is not an object with the two string fields. The message names the file and line.
+        """
+        if self.format == "files":
+            yield from iter_raw_pairs(self.src, self.tgt)
+        elif self.format == "tsv":
+            for lineno, raw in enumerate(iter_raw_lines(self.src), start=1):
+                yield lineno, *split_tsv(raw, self.src, lineno)
+        else:
+            for lineno, raw in enumerate(iter_raw_lines(self.src), start=1):
+                yield lineno, *parse_jsonl(raw, self.src, lineno, self.fields)
+
+    def record(self) -> dict[str, Any]:
+        """How the corpus is read, for the prepared manifest (beside the files' descriptions)."""
+        return {"format": self.format, **({"fields": list(self.fields)} if self.format == "jsonl" else {})}
+
+
+def split_tsv(raw: bytes, path: str | Path, lineno: int) -> tuple[bytes, bytes]:
+    """The two sides of a TSV line. Raises :class:`DataError` unless it holds exactly one tab."""
+    tabs = raw.count(b"\t")
+    if tabs != 1:
+        found = "no tab" if tabs == 0 else f"{tabs} tabs"
+        raise DataError(f"{path}, line {lineno}: expected source<TAB>target (one tab), found {found}")
+    src, tgt = raw.split(b"\t")
+    return src, tgt
+
+
+def parse_jsonl(raw: bytes, path: str | Path, lineno: int, fields: Sequence[str]) -> tuple[bytes, bytes]:
+    """The two sides of a JSON Lines line, as UTF-8 bytes (bad bytes kept as they were, see the module docstring).
+
+    Raises:
+        DataError: the line is not a JSON object, or a field is missing or not a string.
+    """
+    where = f"{path}, line {lineno}"
+    try:
+        obj = json.loads(raw.decode("utf-8", "surrogateescape"))  # a bad byte survives as a lone surrogate
+    except json.JSONDecodeError as e:
+        what = "an empty line" if not raw.strip() else f"{e.msg} at column {e.colno}"
+        raise DataError(f"{where}: not valid JSON ({what}); JSON Lines needs one object per line") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {_json_type(obj)}")
+    sides = []
+    for side, name in zip(("source", "target"), fields):
+        value: Any = obj
+        for part in name.split("."):
+            if not isinstance(value, dict) or part not in value:
+                keys = ", ".join(map(repr, value)) if isinstance(value, dict) else _json_type(value)
+                option = "--src-field" if side == "source" else "--tgt-field"
+                raise DataError(f"{where}: no field {name!r} for the {side} (found: {keys}); {option} names another")
+            value = value[part]
+        if not isinstance(value, str):
+            raise DataError(f"{where}: field {name!r} must be a string, got {_json_type(value)}")
+        try:
+            sides.append(value.translate(_LINE_BREAKS).encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            raise DataError(f"{where}: field {name!r} holds a lone surrogate escape (\\ud800-\\udfff)") from None
+    return sides[0], sides[1]
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def corpus_format(spec: str | Sequence[str]) -> str:
+    """The form a corpus entry names: ``"files"`` for a prefix or a pair of files, else ``"tsv"`` / ``"jsonl"``."""
+    if not isinstance(spec, str):
+        return "files"
+    return SUFFIXES.get(Path(spec.removesuffix(".gz")).suffix, "files")
+
+
+def resolve_corpus(spec: str | Sequence[str], src_lang: str, tgt_lang: str, fields: tuple[str, str]) -> Corpus:
+    """The :class:`Corpus` a config entry names (see the module docstring).
+
+    Raises:
+        DataError: a file is missing, or a list does not hold exactly two files.
+    """
+    if not isinstance(spec, str):
+        if len(spec) != 2:
+            raise DataError(f"{list(spec)!r}: a corpus given as a list needs exactly two files (source, target)")
+        paths = [Path(p) for p in spec]
+        for path in paths:
+            if not path.is_file():
+                raise DataError(f"{path}: file not found")
+        return Corpus("files", paths[0], paths[1])
+    form = corpus_format(spec)
+    if form == "files":
+        return Corpus("files", resolve_corpus_file(spec, src_lang), resolve_corpus_file(spec, tgt_lang))
+    path = Path(spec)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    return Corpus(form, path, path, fields if form == "jsonl" else ("src", "tgt"))
+
+
+def split_name(spec: str | Sequence[str], corpus: Corpus) -> str:
+    """The split name of a test corpus: a prefix's last component (``data/test_2016_flickr``), else the file's name
+    without its corpus suffixes (see :meth:`Corpus.name`)."""
+    return Path(spec).name if isinstance(spec, str) and not corpus.single_file else corpus.name()
+
+
+def read_corpus(corpus: Corpus, *, errors: str = "strict") -> tuple[list[str], list[str]]:
+    """Both sides of a corpus as text (for evaluation), every line kept.
+
+    Args:
+        errors: for bytes that are not UTF-8 (see :func:`transduce.textio.decode_line`; ``"skip"`` is not
+            accepted here, as the sides must stay aligned).
+    """
+    from transduce.textio import decode_line
+
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    sources, targets = [], []
+    for lineno, s, t in corpus.pairs():
+        sources.append(decode_line(s, corpus.src, lineno, errors) or "")
+        targets.append(decode_line(t, corpus.tgt, lineno, errors) or "")
+    return sources, targets
+
+
+def corpus_of_record(record: dict[str, Any]) -> Corpus:
+    """The :class:`Corpus` a prepared manifest's ``inputs[split]`` entry describes (older manifests: two files)."""
+    fields = tuple(record.get("fields", ("src", "tgt")))
+    return Corpus(record.get("format", "files"), Path(record["src"]["path"]), Path(record["tgt"]["path"]), fields)
+
+
+__all__ = [
+    "FORMATS",
+    "Corpus",
+    "corpus_format",
+    "corpus_of_record",
+    "parse_jsonl",
+    "read_corpus",
+    "resolve_corpus",
+    "split_name",
+    "split_tsv",
+]
