@@ -60,28 +60,40 @@ def sinusoid(positions: Tensor, d_model: int) -> Tensor:
     """The paper's positional encoding at the given positions (§3.5), computed in float64 for accuracy.
 
     ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))`` and ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))``.
+    The float64 arithmetic runs on the CPU (Apple's ``mps`` has no float64); the result is on ``positions``' device.
 
     Args:
         positions: (T,) integer positions.
     Returns:
         (T, d_model) float32.
     """
-    pos = positions.to(torch.float64)[:, None]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
+    pos = positions.cpu().to(torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (T, d_model / 2)
-    pe = torch.empty(len(positions), d_model, dtype=torch.float64, device=positions.device)
+    pe = torch.empty(len(positions), d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle)
-    return pe.to(torch.float32)
+    return pe.to(torch.float32).to(positions.device)
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal encodings for any length: a table is computed once and grown (doubled) on demand."""
+    """Fixed sinusoidal encodings for any length: a table is computed once and grown (doubled) on demand.
+
+    The table is a plain attribute, not a buffer: ``DistributedDataParallel`` broadcasts buffers from rank 0 before
+    every forward pass, and tables that grew to different sizes on different ranks (a long validation sentence
+    decoded by one rank) would be broadcast with different shapes. It follows the module's ``.to()`` all the same
+    (:meth:`_apply`), and is grown outside inference mode, so a table grown by a search (under
+    ``torch.inference_mode``) is an ordinary tensor that training can use afterwards.
+    """
 
     def __init__(self, d_model: int, initial_length: int = 256):
         super().__init__()
         self.d_model = d_model
-        self.register_buffer("table", sinusoid(torch.arange(initial_length), d_model), persistent=False)
+        self.table = sinusoid(torch.arange(initial_length), d_model)  # (length, d_model)
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        self.table = fn(self.table)
+        return super()._apply(fn, recurse)
 
     def forward(self, offset: int, length: int) -> Tensor:
         """Encodings of positions ``offset .. offset + length - 1``, shape (length, d_model)."""
@@ -89,7 +101,8 @@ class SinusoidalPositions(nn.Module):
         table = self.table
         if end > table.shape[0]:
             size = max(end, 2 * table.shape[0])
-            table = sinusoid(torch.arange(size, device=table.device), self.d_model).to(table.dtype)
+            with torch.inference_mode(False):
+                table = sinusoid(torch.arange(size), self.d_model).to(device=table.device, dtype=table.dtype)
             self.table = table  # a single assignment: safe for concurrent readers
         return table[offset:end]
 
