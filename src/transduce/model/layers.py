@@ -67,10 +67,13 @@ def sinusoid(positions: Tensor, d_model: int) -> Tensor:
     Returns:
         (T, d_model) float32.
     """
-    pos = positions.cpu().to(torch.float64)[:, None]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    if positions.is_meta:  # shapes only (``with torch.device("meta")``)
+        return torch.empty(len(positions), d_model, device=positions.device)
+    cpu = torch.device("cpu")  # (explicitly: a ``with torch.device(...)`` context would move them)
+    pos = positions.to(cpu, torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=cpu)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (T, d_model / 2)
-    pe = torch.empty(len(positions), d_model, dtype=torch.float64)
+    pe = torch.empty(len(positions), d_model, dtype=torch.float64, device=cpu)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle)
     return pe.to(torch.float32).to(positions.device)
