@@ -63,3 +63,79 @@ def test_ddp_trains_on_after_validation_decoded_past_the_position_table(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = torch.load(out, weights_only=True)
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the kernel build lock
+
+_LOAD_KERNELS = (
+    "import time, warnings; t = time.monotonic(); warnings.simplefilter('always')\n"
+    "from transduce.model import kernels\n"
+    "m = kernels.compiled(); print('LOADED' if m is not None else 'FALLBACK', round(time.monotonic() - t, 1))\n"
+)
+
+_KILLED_BUILDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from torch.utils.file_baton import FileBaton
+    from transduce.model import kernels
+
+    directory = kernels.build_directory(kernels.extension_name())
+    with kernels.build_lock(directory):
+        assert FileBaton(str(directory / "lock")).try_acquire()  # what cpp_extension does before it builds
+        print("building", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def built_kernels():
+    from transduce.model import kernels
+
+    if kernels.compiled() is None:
+        pytest.skip("the kernels cannot be built here")
+    return kernels.build_directory(kernels.extension_name())
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stop_the_next_command(built_kernels):
+    builder = subprocess.Popen([sys.executable, "-c", _KILLED_BUILDER], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert builder.stdout.readline().strip() == "building"
+        assert (built_kernels / "lock").exists()
+    finally:
+        builder.kill()  # SIGKILL: nothing of the builder's runs again
+        builder.wait()
+    assert (built_kernels / "lock").exists()  # left behind
+    proc = subprocess.run([sys.executable, "-c", _LOAD_KERNELS], capture_output=True, text=True, timeout=120,
+                          env=_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    word, seconds = proc.stdout.split()
+    assert word == "LOADED" and float(seconds) < 20, proc.stdout
+    assert "left by a kernel build that was killed" in proc.stderr
+    assert not (built_kernels / "lock").exists()
+
+
+def test_a_live_build_is_waited_for_with_a_bound_then_pytorch_operations_are_used(built_kernels):
+    from transduce.model import kernels
+
+    with kernels.build_lock(built_kernels):  # this process is "building"
+        proc = subprocess.run([sys.executable, "-c", _LOAD_KERNELS], capture_output=True, text=True, timeout=120,
+                              env=_env(TRANSDUCE_KERNEL_WAIT="2"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    word, seconds = proc.stdout.split()
+    assert word == "FALLBACK" and 2 <= float(seconds) < 20, proc.stdout
+    assert "BuildWaitTimeout" in proc.stderr and "use PyTorch's operations" in proc.stderr
+
+
+def test_two_python_environments_build_under_different_names(monkeypatch):
+    from transduce.model import kernels
+
+    here = kernels.extension_name()
+    monkeypatch.setattr(sys, "prefix", "/opt/other-venv")
+    assert kernels.extension_name() != here
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert kernels.extension_name() != here
+    assert kernels.extension_name().startswith("transduce_kernels_")
