@@ -177,7 +177,7 @@ def build() -> ModuleType:
     :class:`BuildWaitTimeout` when another process's build takes too long."""
     from torch.utils import cpp_extension
 
-    suffix, arch = _arch_flags()
+    arch = _arch_flags()[1]
     name = extension_name()
     directory = build_directory(name)
     headers = hashlib.sha256(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:16]

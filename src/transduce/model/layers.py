@@ -94,7 +94,7 @@ class SinusoidalPositions(nn.Module):
         self.d_model = d_model
         self.table = sinusoid(torch.arange(initial_length), d_model)  # (length, d_model)
 
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+    def _apply(self, fn, recurse: bool = True):  # (nn.Module's: .to(), .cuda(), .half() move the table too)
         self.table = fn(self.table)
         return super()._apply(fn, recurse)
 
