@@ -2,6 +2,7 @@
 process-group timeouts, RNG states of one device, host synchronisations per micro-batch, fp16 loss scaling,
 device names and the kernel build lock."""
 
+import math
 import os
 import subprocess
 import sys
@@ -139,3 +140,229 @@ def test_two_python_environments_build_under_different_names(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.99.0")
     assert kernels.extension_name() != here
     assert kernels.extension_name().startswith("transduce_kernels_")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# process group, RNG, synchronisations, fp16
+
+
+def _trainer(**train):
+    from transduce.config import Config, ModelConfig, TrainConfig
+    from transduce.model import Transformer
+    from transduce.trainer import Trainer
+
+    config = Config(
+        model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30),
+        train=TrainConfig(warmup_steps=10, **train),
+    )
+    torch.manual_seed(0)
+    return Trainer(config, Transformer(config.model), torch.device("cpu"))
+
+
+def _batches(n):
+    from transduce.data import collate
+
+    g = torch.Generator().manual_seed(n)
+    out = []
+    for _ in range(n):
+        lengths = torch.randint(2, 9, (3,), generator=g).tolist()
+        pairs = [(torch.randint(4, 30, (k,), generator=g).tolist(), torch.randint(4, 30, (4,), generator=g).tolist())
+                 for k in lengths]  # fmt: skip
+        out.append(collate(pairs))
+    return out
+
+
+def test_the_process_group_gets_the_configured_timeout_and_shared_gpus_use_gloo(monkeypatch):
+    import datetime
+
+    import transduce.distributed as d
+
+    seen = []
+    monkeypatch.setattr(d.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(d.dist, "init_process_group", lambda **kw: seen.append(kw))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    dist = d.setup("cpu", 90.0)
+    assert (dist.rank, dist.world_size, dist.local_rank) == (1, 2, 1)
+    assert seen == [{"backend": "gloo", "timeout": datetime.timedelta(minutes=90)}]
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    d.setup(torch.device("cuda", 0), 5.0, shared_gpu=True)  # two ranks on one GPU: NCCL refuses it
+    assert seen[-1]["backend"] == "gloo"
+    d.setup(torch.device("cuda"), 5.0)
+    assert seen[-1] == {"backend": "nccl", "timeout": datetime.timedelta(minutes=5)}
+
+
+def test_cuda_rng_state_is_this_device_only_and_restores_with_fewer_visible_gpus(monkeypatch):
+    from transduce.trainer import rng_state, set_rng_state
+
+    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]
+    current = {"device": 3, "count": 8}
+    restored = []
+
+    def set_state(state, device="cuda"):
+        index = current["device"] if device == "cuda" else int(device)
+        if index >= current["count"]:
+            raise IndexError(f"no GPU {index}")
+        restored.append((index, state.clone()))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: current["count"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["device"])
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[current["device"]])
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    saved = rng_state()  # a rank on GPU 3 of 8
+    current.update(device=0, count=1)  # resumed as one GPU per task (SLURM, CUDA_VISIBLE_DEVICES)
+    set_rng_state(saved)
+    assert len(restored) == 1 and restored[0][0] == 0 and torch.equal(restored[0][1], states[3])
+
+
+_SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _count_syncs(monkeypatch, fn):
+    """Calls that read a tensor's value back to the host (on a GPU each waits for the queue), and boolean-mask
+    indexing (which reads the mask's count), made while ``fn`` runs."""
+    count = {"n": 0, "what": []}
+    for name in _SYNCS:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, _name=name, **k):
+            count["n"] += 1
+            count["what"].append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    for name in ("__getitem__", "__setitem__"):
+        real = getattr(torch.Tensor, name)
+
+        def indexed(self, index, *a, _real=real, _name=name):
+            if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+                count["n"] += 1
+                count["what"].append(_name)
+            return _real(self, index, *a)
+
+        monkeypatch.setattr(torch.Tensor, name, indexed)
+    fn()
+    monkeypatch.undo()
+    return count
+
+
+def test_a_training_step_reads_the_device_once_however_many_micro_batches(monkeypatch):
+    from transduce.model import kernels, layers
+
+    # the GPU's code path on the CPU: PyTorch's dropout, SDPA, no CPU kernels
+    monkeypatch.setattr(kernels, "KERNELS", False)
+    monkeypatch.setattr(layers, "FAST_CPU_DROPOUT", False)
+    monkeypatch.setattr(layers, "EXPLICIT_CPU_BACKWARD", False)
+    counts = {}
+    for n in (1, 4):
+        trainer = _trainer(clip_norm=1.0)
+        trainer.optimizer.step = _outside(trainer.optimizer.step)  # the CPU optimizer reads its CPU step counters
+        batches = _batches(n)
+        with monkeypatch.context() as m:
+            counts[n] = _count_syncs(m, lambda t=trainer, b=batches: t.train_step(b, [1.0, 0.0]))
+        assert trainer.step == 1
+    assert counts[1]["n"] == counts[4]["n"] == 1, (counts[1]["what"], counts[4]["what"])
+
+
+def _outside(fn):
+    """``fn`` run with the counted methods restored (their real versions are the class's originals)."""
+    originals = {name: getattr(torch._C.TensorBase, name) for name in _SYNCS if hasattr(torch._C.TensorBase, name)}
+
+    def run(*a, **k):
+        saved = {name: torch.Tensor.__dict__.get(name) for name in originals}
+        for name in originals:
+            if name in torch.Tensor.__dict__:
+                delattr(torch.Tensor, name)
+        try:
+            return fn(*a, **k)
+        finally:
+            for name, value in saved.items():
+                if value is not None:
+                    setattr(torch.Tensor, name, value)
+
+    return run
+
+
+def test_fp16_scales_the_loss_lowers_the_scale_after_an_overflow_and_checkpoints_it():
+    trainer = _trainer(precision="fp16")
+    assert trainer.scaler is not None and trainer.scaler.get_scale() == 128.0
+    batches = _batches(2)
+    result = trainer.train_step(batches)
+    assert not result.skipped and trainer.step == 1 and math.isfinite(result.loss)
+    eager = _trainer(precision="fp32")  # the unscaled gradient: the same step as without scaling, up to fp16
+    assert result.loss == pytest.approx(eager.train_step(batches).loss, rel=2e-2)
+    hook = trainer.model.output.weight.register_hook(lambda g: torch.full_like(g, math.inf))
+    overflow = trainer.train_step(batches)
+    hook.remove()
+    assert overflow.skipped and overflow.overflow and trainer.step == 1
+    assert trainer.nonfinite_in_row == 0 and trainer.scaler.get_scale() == 64.0
+    state = trainer.state_dict()
+    assert state["scaler"]["scale"] == 64.0
+    fresh = _trainer(precision="fp16")
+    fresh.load_state_dict(state)
+    assert fresh.scaler.get_scale() == 64.0 and fresh.step == 1
+
+
+def test_flags_are_summed_in_the_step_and_returned():
+    result = _trainer().train_step(_batches(1), [1.0, 0.0, 2.0])
+    assert result.flags == (1.0, 0.0, 2.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# devices and precisions
+
+
+def test_device_names_resolve_or_fail_in_one_line(monkeypatch):
+    from transduce.config import ConfigError, TrainConfig
+    from transduce.device import DeviceError, check_precision, resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") in (torch.device("cpu"), torch.device("mps"))
+        with pytest.raises(DeviceError, match=r"^device: 'cuda' asked for, but .*use --device cpu"):
+            resolve_device("cuda")
+    with pytest.raises(DeviceError, match=r"'gpu' is not a device \(auto, cpu, cuda, cuda:N or mps\)"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    assert resolve_device("cuda:0", local_rank=1) == torch.device("cuda", 0)
+    with pytest.raises(DeviceError, match=r"'cuda:2' asked for GPU 2, but 2 GPU\(s\) are visible"):
+        resolve_device("cuda:2")
+    assert TrainConfig(device="cuda:1").device == "cuda:1" and TrainConfig(device="mps").device == "mps"
+    with pytest.raises(ConfigError, match="device: 'cuda1' is not a device"):
+        TrainConfig(device="cuda1")
+    assert check_precision("fp16") == torch.float16
+    with pytest.raises(DeviceError, match="precision: 'fp8' is not one of fp32, bf16, fp16"):
+        check_precision("fp8")
+
+
+def test_cli_device_cuda_without_cuda_is_a_one_line_error(copy_checkpoint, capsys):
+    from transduce.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code = main(["translate", "--model", str(copy_checkpoint), "--device", "cuda", "--input", os.devnull])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith("transduce translate: error: device: 'cuda' asked for, but")
+
+
+def test_translator_precisions_cast_the_weights_and_translate_alike(copy_checkpoint):
+    from transduce.config import ConfigError
+    from transduce.translate import Translator
+
+    sentences = ["a man rides the red bike.", "two girls play on grass."]  # what the copy model learnt
+    fp32 = Translator.load(copy_checkpoint, "cpu")
+    assert fp32.device == torch.device("cpu") and next(fp32.model.parameters()).dtype == torch.float32
+    bf16 = Translator.load(copy_checkpoint, "auto" if not torch.cuda.is_available() else "cpu", precision="bf16")
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16
+    assert bf16.model.src_positions.table.dtype == torch.bfloat16
+    assert bf16.translate(sentences) == fp32.translate(sentences) == sentences
+    with pytest.raises(ConfigError, match="quantize: 'int8' runs with precision fp32, not fp16"):
+        Translator.load(copy_checkpoint, "cpu", precision="fp16", quantize="int8")

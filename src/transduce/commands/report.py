@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from transduce.commands.translate import add_device_arguments
 from transduce.config import LENGTH_NORMS
 from transduce.report import evaluate_run, write_report
 
@@ -20,13 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam)")
     p.add_argument("--length-penalty", type=float, help="penalty alpha (default: the run's decode.length_penalty)")
     p.add_argument("--length-norm", choices=LENGTH_NORMS, help="gnmt or length (default: the run's decode.length_norm)")
+    add_device_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.evaluate:
         given = {"beam": args.beam, "length_penalty": args.length_penalty, "length_norm": args.length_norm}
         decode = {k: v for k, v in given.items() if v is not None}
-        result = evaluate_run(args.run_dir, model=args.model, **decode)
+        result = evaluate_run(args.run_dir, model=args.model, device=args.device, precision=args.precision, **decode)
         print(json.dumps(result["sets"], indent=2, ensure_ascii=False))
-    print(f"report: {write_report(args.run_dir)}")
+    print(f"report: {write_report(args.run_dir, device=args.device, precision=args.precision)}")
     return 0

@@ -25,17 +25,22 @@ KV = tuple[Tensor, Tensor]  # (keys, values), each (B, h, T, d_k)
 # masks
 
 
-def padding_mask(tokens: Tensor, pad_id: int) -> Tensor | None:
+def padding_mask(tokens: Tensor, pad_id: int, padded: bool | None = None) -> Tensor | None:
     """Key mask for a right-padded batch.
 
     Args:
         tokens: (B, S) token ids.
         pad_id: the padding id.
+        padded: whether the batch has padding, when the caller knows (a training batch counts its tokens on the
+            CPU); None: looked up on a CPU tensor, assumed on any other device (looking would wait for the device
+            to finish its queue, and a mask of all True gives the same attention).
     Returns:
         (B, 1, 1, S) bool, True at real tokens; ``None`` when the batch has no padding (the fast path).
     """
+    if padded is False:
+        return None
     real = tokens.ne(pad_id)
-    if bool(real.all()):
+    if padded is None and tokens.device.type == "cpu" and bool(real.all()):
         return None
     return real[:, None, None, :]
 
