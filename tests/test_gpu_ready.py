@@ -366,3 +366,20 @@ def test_translator_precisions_cast_the_weights_and_translate_alike(copy_checkpo
     assert bf16.translate(sentences) == fp32.translate(sentences) == sentences
     with pytest.raises(ConfigError, match="quantize: 'int8' runs with precision fp32, not fp16"):
         Translator.load(copy_checkpoint, "cpu", precision="fp16", quantize="int8")
+
+
+def test_gpu_check_runs_its_cpu_half(tmp_path):
+    """benchmarks/gpu_check.py --cpu: torchrun training in bf16 and fp16 (1 and 2 processes), exact resume,
+    translations, throughput against torch.nn.Transformer and MarianMTModel."""
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script), "--cpu", "--steps", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert set(report["runs"]) == {"bf16_x1", "fp16_x1", "bf16_x2"}
+    assert all("error" not in r and math.isfinite(r["loss"]) for r in report["runs"].values())
+    assert report["checks"]["resume_exact"] is True and report["checks"]["decode_equal_to_cpu"] == "20/20"
+    assert {"transduce", "torch.nn.Transformer"} <= set(report["throughput_bf16"])
