@@ -146,13 +146,14 @@ def test_two_python_environments_build_under_different_names(monkeypatch):
 # process group, RNG, synchronisations, fp16
 
 
-def _trainer(**train):
+def _trainer(dropout_free: bool = False, **train):
     from transduce.config import Config, ModelConfig, TrainConfig
     from transduce.model import Transformer
     from transduce.trainer import Trainer
 
+    extra = {"dropout": 0.0} if dropout_free else {}
     config = Config(
-        model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30),
+        model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, **extra),
         train=TrainConfig(warmup_steps=10, **train),
     )
     torch.manual_seed(0)
@@ -383,3 +384,30 @@ def test_gpu_check_runs_its_cpu_half(tmp_path):
     assert all("error" not in r and math.isfinite(r["loss"]) for r in report["runs"].values())
     assert report["checks"]["resume_exact"] is True and report["checks"]["decode_equal_to_cpu"] == "20/20"
     assert {"transduce", "torch.nn.Transformer"} <= set(report["throughput_bf16"])
+
+
+def test_compiled_training_traces_one_graph_for_batches_of_every_shape(monkeypatch):
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from transduce.data import collate
+    from transduce.model import kernels, layers
+
+    # the GPU's code path on the CPU (no CPU kernels, which the tracer cannot enter), with dynamo's eager backend:
+    # what is compiled and how often, without the time of generating code
+    monkeypatch.setattr(kernels, "KERNELS", False)
+    monkeypatch.setattr(layers, "FAST_CPU_DROPOUT", False)
+    monkeypatch.setattr(layers, "EXPLICIT_CPU_BACKWARD", False)
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled, eager = _trainer(compile=True, dropout_free=True), _trainer(dropout_free=True)
+    g = torch.Generator().manual_seed(0)
+    for step in range(6):  # a new shape every step, padded and not
+        pairs = [(torch.randint(4, 30, (3 + step + (i % 2),), generator=g).tolist(),
+                  torch.randint(4, 30, (2 + 2 * step,), generator=g).tolist()) for i in range(2 + step)]  # fmt: skip
+        batch = collate(pairs)
+        assert compiled.train_step([batch]).loss == pytest.approx(eager.train_step([batch]).loss, rel=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
