@@ -288,7 +288,7 @@ def _outside(fn):
     return run
 
 
-def test_fp16_scales_the_loss_lowers_the_scale_after_an_overflow_and_checkpoints_it():
+def test_fp16_scales_the_loss_lowers_the_scale_after_an_overflow_and_checkpoints_it(tmp_path):
     trainer = _trainer(precision="fp16")
     assert trainer.scaler is not None and trainer.scaler.get_scale() == 128.0
     batches = _batches(2)
@@ -301,7 +301,8 @@ def test_fp16_scales_the_loss_lowers_the_scale_after_an_overflow_and_checkpoints
     hook.remove()
     assert overflow.skipped and overflow.overflow and trainer.step == 1
     assert trainer.nonfinite_in_row == 0 and trainer.scaler.get_scale() == 64.0
-    state = trainer.state_dict()
+    torch.save(trainer.state_dict(), path := tmp_path / "trainer.pt")  # as a checkpoint keeps it
+    state = torch.load(path, weights_only=True)
     assert state["scaler"]["scale"] == 64.0
     fresh = _trainer(precision="fp16")
     fresh.load_state_dict(state)

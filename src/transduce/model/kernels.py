@@ -62,6 +62,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import IO
 
 import torch
 from torch import Tensor
@@ -76,7 +77,8 @@ HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a hea
 #: Seconds a process waits for another process's build of the same kernels before it gives up and runs on
 #: PyTorch's operations (a build takes 30-40 s on two cores).
 BUILD_WAIT_S = float(os.environ.get("TRANSDUCE_KERNEL_WAIT", "300"))
-#: Without ``fcntl`` (Windows) a ``lock`` file older than this many seconds is taken for a killed build's.
+#: Without ``flock`` (Windows, some network file systems) a ``lock`` file older than this many seconds is taken
+#: for a killed build's.
 STALE_LOCK_S = 600.0
 
 _lock = threading.Lock()
@@ -138,33 +140,43 @@ def build_lock(directory: Path, wait_s: float | None = None) -> Iterator[None]:
     torch_lock = directory / "lock"
     try:
         import fcntl
-    except ImportError:  # no flock: a lock file older than any build is a killed build's
-        if torch_lock.exists() and time.time() - torch_lock.stat().st_mtime > STALE_LOCK_S:
-            _remove_stale(torch_lock)
-        yield
-        return
+    except ImportError:  # no flock (Windows)
+        fcntl = None
     with open(directory / "transduce.flock", "a+") as handle:
         deadline, said = time.monotonic() + wait_s, False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise BuildWaitTimeout(
-                        f"another process has been building the kernels in {directory} for more than {wait_s:.0f} s "
-                        "(TRANSDUCE_KERNEL_WAIT)"
-                    ) from None
-                if not said:
-                    log.info("waiting up to %.0f s for another process building the kernels in %s", wait_s, directory)
-                    said = True
-                time.sleep(0.2)
+        while (locked := _try_flock(fcntl, handle)) is False:
+            if time.monotonic() >= deadline:
+                raise BuildWaitTimeout(f"another process has been building the kernels in {directory} for more "
+                                       f"than {wait_s:.0f} s (TRANSDUCE_KERNEL_WAIT)")  # fmt: skip
+            if not said:
+                log.info("waiting up to %.0f s for another process building the kernels in %s", wait_s, directory)
+                said = True
+            time.sleep(0.2)
+        if locked is None:  # no flock here: a lock file older than any build is a killed build's
+            if torch_lock.exists() and time.time() - torch_lock.stat().st_mtime > STALE_LOCK_S:
+                _remove_stale(torch_lock)
+            yield
+            return
         try:
-            if torch_lock.exists():
+            if torch_lock.exists():  # no live builder holds ours: a killed build left it
                 _remove_stale(torch_lock)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_flock(fcntl: ModuleType | None, handle: IO) -> bool | None:
+    """True: ``handle``'s exclusive flock is ours; False: another process holds it; None: no flock on this system
+    or file system (Windows, some network mounts)."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
 
 
 def _remove_stale(torch_lock: Path) -> None:
