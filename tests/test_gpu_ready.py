@@ -412,3 +412,33 @@ def test_compiled_training_traces_one_graph_for_batches_of_every_shape(monkeypat
         assert compiled.train_step([batch]).loss == pytest.approx(eager.train_step([batch]).loss, rel=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
     assert not counters["graph_break"]
+
+
+def test_prefetch_yields_the_source_in_order_raises_its_errors_and_stops():
+    import threading
+
+    from transduce.data import collate
+    from transduce.train import _Prefetch
+
+    batch = collate([([5, 6], [7])])
+    items = [(0, i, batch) for i in range(1, 6)]
+    assert [p for _, p, _ in _Prefetch(iter(items), depth=2, pin=False)] == [1, 2, 3, 4, 5]
+
+    def failing():
+        yield items[0]
+        raise ValueError("bad line 7")
+
+    it = _Prefetch(failing(), depth=2, pin=False)
+    assert next(it)[1] == 1
+    with pytest.raises(ValueError, match="bad line 7"):
+        next(it)
+
+    def endless():
+        while True:
+            yield items[0]
+
+    before = threading.active_count()
+    it = _Prefetch(endless(), depth=3, pin=False)
+    next(it)
+    it.close()
+    assert threading.active_count() == before
