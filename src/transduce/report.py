@@ -47,7 +47,7 @@ def _eval_sets(cfg: Config) -> list[tuple[str, str]]:
 
 
 def evaluate_run(
-    run_dir: str | Path, *, model: str | Path | None = None, device: str = "auto", precision: str = "fp32",
+    run_dir: str | Path, *, model: str | Path | None = None, device: str = "cpu", precision: str = "fp32",
     **decode: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Translate and score the run's validation and test sets; write ``RUN_DIR/eval/``.
@@ -98,7 +98,7 @@ def _img(path: Path) -> str:
 
 
 def write_report(
-    run_dir: str | Path, *, samples: int = 12, attention_sentences: int = 3, device: str = "auto",
+    run_dir: str | Path, *, samples: int = 12, attention_sentences: int = 3, device: str = "cpu",
     precision: str = "fp32",
 ) -> Path:  # fmt: skip
     """Write ``RUN_DIR/report.html`` from the run's config, metrics and ``eval/`` (run :func:`evaluate_run` first

@@ -75,7 +75,8 @@ class Translator:
             it is moved to ``device`` and put in eval mode.
         tokenizer: see :class:`TokenizerLike`.
         decode: default decoding configuration (the paper's when None).
-        device: ``auto`` (a GPU when there is one), ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device``.
+        device: ``cpu`` (the default, as for any torch module), ``auto`` (a GPU when there is one: the commands'
+            default), ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device``.
         max_input_tokens: longer sources are split into pieces; default: ``max_positions - 1`` for learned
             positions, else 1024.
         precision: ``fp32`` (on CUDA with TF32 matrix products), ``bf16`` or ``fp16``: the dtype the weights are
@@ -87,7 +88,7 @@ class Translator:
         model: nn.Module,
         tokenizer: TokenizerLike,
         decode: DecodeConfig | None = None,
-        device: str | torch.device = "auto",
+        device: str | torch.device = "cpu",
         *,
         max_input_tokens: int | None = None,
         precision: str = "fp32",
@@ -115,7 +116,7 @@ class Translator:
     def load(
         cls,
         path: str | Path,
-        device: str | torch.device = "auto",
+        device: str | torch.device = "cpu",
         *,
         decode: DecodeConfig | None = None,
         max_input_tokens: int | None = None,
