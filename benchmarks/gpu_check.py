@@ -5,6 +5,7 @@ against torch.nn.Transformer and Hugging Face's MarianMTModel with the same weig
     python benchmarks/gpu_check.py                       # the `base` model on Multi30k (../shared/data/multi30k)
     python benchmarks/gpu_check.py --data DIR            # DIR/{train,val}.{en,de}[.gz] (transduce download multi30k)
     python benchmarks/gpu_check.py --cpu                 # the same checks with a tiny model and corpus on the CPU
+                                                         # (its one-process runs in this process, not torchrun)
 
 It writes OUT/gpu_check.json and prints a table; the exit status is 1 when a check fails (a training run that
 fails, a resume that is not exact, translations that differ). On a GPU, a resumed run equals the uninterrupted one
@@ -64,14 +65,23 @@ def base_config(args: argparse.Namespace, data: Path) -> Config:
     ])  # fmt: skip
 
 
-def torchrun(config: Config, path: Path, nproc: int, *overrides: str, resume: Path | None = None) -> float:
-    """Run ``transduce train`` under torchrun; returns the wall time (raises when it fails)."""
+def torchrun(config: Config, path: Path, nproc: int, *overrides: str, resume: Path | None = None,
+             in_process: bool = False) -> float:  # fmt: skip
+    """Run ``transduce train`` under torchrun (``in_process``: one process, this one, as the CPU mode does to spare
+    the launches); returns the wall time (raises when it fails)."""
     config.save(path)
+    start = time.monotonic()
+    if in_process and nproc == 1:
+        from transduce.train import train
+
+        outcome = train(resume=resume, overrides=list(overrides)) if resume else train(Config.load(path, overrides))
+        if outcome.exit_code:
+            raise RuntimeError(f"training {path} ended with {outcome.exit_code}")
+        return time.monotonic() - start
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "transduce.cli", "train"]  # fmt: skip
     cmd += ["--resume", str(resume), *overrides] if resume else [str(path), *overrides]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path]), "OMP_NUM_THREADS": "1"}
-    start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -165,7 +175,7 @@ def main() -> int:
         run = out / name
         cfg = config.replace(train=config.train.replace(run_dir=str(run), precision=precision))
         try:
-            seconds = torchrun(cfg, out / f"{name}.yaml", nproc, *extra)
+            seconds = torchrun(cfg, out / f"{name}.yaml", nproc, *extra, in_process=args.cpu)
             report["runs"][name] = {"seconds": round(seconds, 1), **last_metrics(run)}
         except RuntimeError as err:
             report["runs"][name] = {"error": str(err)[-2000:]}
@@ -174,8 +184,8 @@ def main() -> int:
     half = out / "bf16_resumed"
     cfg = config.replace(train=config.train.replace(run_dir=str(half), precision="bf16", max_steps=steps // 2))
     try:
-        torchrun(cfg, out / "bf16_resumed.yaml", 1)
-        torchrun(cfg, out / "bf16_resumed.yaml", 1, f"train.max_steps={steps}", resume=half)
+        torchrun(cfg, out / "bf16_resumed.yaml", 1, in_process=args.cpu)
+        torchrun(cfg, out / "bf16_resumed.yaml", 1, f"train.max_steps={steps}", resume=half, in_process=args.cpu)
         a = weights(out / "bf16_x1" / "checkpoints" / f"step_{steps:08d}")
         b = weights(half / "checkpoints" / f"step_{steps:08d}")
         diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
