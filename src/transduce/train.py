@@ -144,12 +144,13 @@ def _batches(
 
 class _Prefetch:
     """Iterate ``source`` in a background thread, up to ``depth`` items ahead, so that reading and padding the next
-    batches overlaps the device's work on this one; with ``pin``, the batches are copied to pinned (page-locked)
-    memory, from which the copies to a CUDA device are asynchronous. Errors of the source are raised here."""
+    batches overlaps the device's work on this one; with a CUDA ``pin`` device, the batches are copied to pinned
+    (page-locked) memory, from which the copies to that device are asynchronous. Errors of the source are raised
+    here."""
 
     _END = object()
 
-    def __init__(self, source: Iterable[tuple[int, int, Batch]], depth: int, pin: bool) -> None:
+    def __init__(self, source: Iterable[tuple[int, int, Batch]], depth: int, pin: torch.device | None) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(source, pin), name="transduce-prefetch", daemon=True)
@@ -164,10 +165,12 @@ class _Prefetch:
                 continue
         return False
 
-    def _run(self, source: Iterable[tuple[int, int, Batch]], pin: bool) -> None:
+    def _run(self, source: Iterable[tuple[int, int, Batch]], pin: torch.device | None) -> None:
         try:
+            if pin is not None:  # (else pinning makes a CUDA context on GPU 0 in this thread, whatever the rank's GPU)
+                torch.cuda.set_device(pin)
             for epoch, position, batch in source:
-                if not self._put((epoch, position, batch.pin_memory() if pin else batch)):
+                if not self._put((epoch, position, batch.pin_memory() if pin is not None else batch)):
                     return
             self._put(self._END)
         except BaseException as err:  # handed to the consumer, which raises it
@@ -343,8 +346,9 @@ class _Run:
         cfg = self.cfg
         started = time.monotonic()
         elapsed = lambda: self.state.elapsed_s + time.monotonic() - started  # noqa: E731
-        batches = _Prefetch(_batches(self.train_data, self.sampler, self.state, cfg.max_epochs),
-                            depth=2 * cfg.accumulate, pin=self.device.type == "cuda")  # fmt: skip
+        pin = self.device if self.device.type == "cuda" else None
+        source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs)
+        batches = _Prefetch(source, depth=2 * cfg.accumulate, pin=pin)
         try:
             return self._loop(signals, batches, started, elapsed)
         finally:
