@@ -107,9 +107,9 @@ class Trainer:
         dtype = check_precision(self.cfg.precision, "train.precision")
         self.autocast_dtype = None if dtype == torch.float32 else dtype
         # fp16's narrow range: the loss is scaled up before the backward pass and the gradients scaled back, the scale
-        # lowered after an overflow and raised after a run of good steps (bf16 has float32's range: no scaling)
-        # The loss is a sum over tokens, so each logit's gradient is at most 1 times the scale: fairseq's initial
-        # scale of 128 (PyTorch's 65536 overflows fp16's 65504 at once)
+        # lowered after an overflow and raised after a run of good steps (bf16 has float32's range: no scaling). The
+        # loss is a sum over tokens, so a logit's gradient reaches the scale itself: fairseq's initial 128, not
+        # PyTorch's 65536, which overflows fp16's 65504 at once
         self.scaler = torch.amp.GradScaler(device.type, init_scale=FP16_INIT_SCALE) if dtype == torch.float16 else None
         # accumulate the step's sums in float64 where the device has it (Apple's mps does not)
         self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
