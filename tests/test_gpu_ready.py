@@ -418,17 +418,17 @@ def test_prefetch_yields_the_source_in_order_raises_its_errors_and_stops():
     import threading
 
     from transduce.data import collate
-    from transduce.train import _Prefetch
+    from transduce.data.prefetch import Prefetch
 
     batch = collate([([5, 6], [7])])
     items = [(0, i, batch) for i in range(1, 6)]
-    assert [p for _, p, _ in _Prefetch(iter(items), depth=2, pin=None)] == [1, 2, 3, 4, 5]
+    assert [p for _, p, _ in Prefetch(iter(items), depth=2, pin=None)] == [1, 2, 3, 4, 5]
 
     def failing():
         yield items[0]
         raise ValueError("bad line 7")
 
-    it = _Prefetch(failing(), depth=2, pin=None)
+    it = Prefetch(failing(), depth=2, pin=None)
     assert next(it)[1] == 1
     with pytest.raises(ValueError, match="bad line 7"):
         next(it)
@@ -438,7 +438,7 @@ def test_prefetch_yields_the_source_in_order_raises_its_errors_and_stops():
             yield items[0]
 
     before = threading.active_count()
-    it = _Prefetch(endless(), depth=3, pin=None)
+    it = Prefetch(endless(), depth=3, pin=None)
     next(it)
     it.close()
     assert threading.active_count() == before

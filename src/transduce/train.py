@@ -20,12 +20,10 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import queue
 import shutil
 import signal
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from transduce import checkpoint as ckpt
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
+from transduce.data.prefetch import Prefetch
 from transduce.distributed import Dist, broadcast_object, launched_local_rank, launched_world_size, setup, teardown
 from transduce.errors import TransduceError
 from transduce.model import Transformer
@@ -140,57 +139,6 @@ def _batches(
             position += 1
             yield epoch, position, collate([dataset[i] for i in indices])
         epoch, position = epoch + 1, 0
-
-
-class _Prefetch:
-    """Iterate ``source`` in a background thread, up to ``depth`` items ahead, so that reading and padding the next
-    batches overlaps the device's work on this one; with a CUDA ``pin`` device, the batches are copied to pinned
-    (page-locked) memory, from which the copies to that device are asynchronous. Errors of the source are raised
-    here."""
-
-    _END = object()
-
-    def __init__(self, source: Iterable[tuple[int, int, Batch]], depth: int, pin: torch.device | None) -> None:
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(source, pin), name="transduce-prefetch", daemon=True)
-        self._thread.start()
-
-    def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, source: Iterable[tuple[int, int, Batch]], pin: torch.device | None) -> None:
-        try:
-            if pin is not None:  # (else pinning makes a CUDA context on GPU 0 in this thread, whatever the rank's GPU)
-                torch.cuda.set_device(pin)
-            for epoch, position, batch in source:
-                if not self._put((epoch, position, batch.pin_memory() if pin is not None else batch)):
-                    return
-            self._put(self._END)
-        except BaseException as err:  # handed to the consumer, which raises it
-            self._put(err)
-
-    def __iter__(self) -> Iterator[tuple[int, int, Batch]]:
-        return self
-
-    def __next__(self) -> tuple[int, int, Batch]:
-        item = self._queue.get()
-        if item is self._END:
-            self._queue.put(item)  # (a later next() ends too)
-            raise StopIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item  # type: ignore[return-value]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 class _Signals:
@@ -348,7 +296,7 @@ class _Run:
         elapsed = lambda: self.state.elapsed_s + time.monotonic() - started  # noqa: E731
         pin = self.device if self.device.type == "cuda" else None
         source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs)
-        batches = _Prefetch(source, depth=2 * cfg.accumulate, pin=pin)
+        batches = Prefetch(source, depth=2 * cfg.accumulate, pin=pin)
         try:
             return self._loop(signals, batches, started, elapsed)
         finally:
