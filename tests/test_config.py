@@ -55,7 +55,7 @@ def test_types_and_choices_are_checked_with_the_key_named():
         ModelConfig(d_model=100)
     with pytest.raises(ConfigError, match="share_vocab: true needs src_vocab_size == tgt_vocab_size"):
         ModelConfig(src_vocab_size=10, tgt_vocab_size=12)
-    with pytest.raises(ConfigError, match=r"precision: 'fp8' is not one of 'auto', 'fp32', 'bf16'"):
+    with pytest.raises(ConfigError, match=r"precision: 'fp8' is not one of 'auto', 'fp32', 'bf16', 'fp16'"):
         TrainConfig(precision="fp8")
     assert TrainConfig.from_dict({"peak_lr": 1}).peak_lr == 1.0  # an integer is a valid float
     assert TrainConfig.from_dict({"peak_lr": "1e-3"}).peak_lr == 0.001  # YAML reads 1e-3 as a string

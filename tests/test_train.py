@@ -112,17 +112,17 @@ def test_accumulating_k_batches_equals_one_big_batch():
 def test_nonfinite_losses_are_skipped_then_stop_training(data, tmp_path, monkeypatch):
     import transduce.trainer as trainer_module
 
-    real = trainer_module.label_smoothed_nll
+    real = trainer_module.smoothed_nll_sums
     calls = {"n": 0, "bad": set()}
 
     def poisoned(*args, **kwargs):
-        loss, nll, n = real(*args, **kwargs)
+        loss, nll = real(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] in calls["bad"]:
             loss = loss * float("nan")
-        return loss, nll, n
+        return loss, nll
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll", poisoned)
+    monkeypatch.setattr(trainer_module, "smoothed_nll_sums", poisoned)
     calls["bad"] = {5, 6}
     run = tmp_path / "run"
     outcome = train(_cfg(data, run, max_steps=30, valid_every=10, max_nonfinite=3))
@@ -210,9 +210,9 @@ def test_save_every_minutes_and_max_minutes_follow_wall_time(data, tmp_path, mon
     clock = _Clock()
     real = Trainer.train_step
 
-    def slow_step(self, batches):  # every update takes 30 s of the fake clock
+    def slow_step(self, batches, *rest):  # every update takes 30 s of the fake clock
         clock.now += 30.0
-        return real(self, batches)
+        return real(self, batches, *rest)
 
     monkeypatch.setattr(train_module, "time", clock)
     monkeypatch.setattr(Trainer, "train_step", slow_step)
@@ -237,11 +237,10 @@ _DRIVER = textwrap.dedent(
     config, at, signum = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     real = T.Trainer.train_step
 
-    def step(self, batches):
-        result = real(self, batches)
-        if self.step == at:
-            os.kill(os.getpid(), signum)  # SIGKILL dies here; SIGTERM sets the flag the loop checks
-        return result
+    def step(self, batches, *rest):
+        if self.step == at - 1:  # during update `at`: SIGKILL dies here; SIGTERM sets the flag the step carries
+            os.kill(os.getpid(), signum)
+        return real(self, batches, *rest)
 
     T.Trainer.train_step = step
     sys.exit(train(Config.load(config)).exit_code)

@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from transduce.casing import INPUT_CASES
+from transduce.device import PRECISIONS, check_device_name
 from transduce.errors import TransduceError
 from transduce.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -346,10 +347,12 @@ class TrainConfig(_Section):
     clip_norm: float = 0.0  # clip the gradient norm to this; 0: off
     label_smoothing: float = 0.1  # epsilon_ls (paper: 0.1)
     # auto: bf16 where the device multiplies bf16 in hardware (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX),
-    # else fp32 (the log says which and why); fp32; or bf16 (autocast with fp32 master weights)
+    # else fp32 (the log says which and why); fp32; or bf16 / fp16 autocast with fp32 master weights (fp16: with
+    # loss scaling)
     precision: str = "auto"
-    compile: bool = False  # torch.compile the model
-    device: str = "auto"  # auto (cuda when available), cpu or cuda
+    compile: bool = False  # torch.compile the model (dynamic shapes)
+    device: str = "auto"  # auto (cuda, else mps, else cpu), cpu, cuda (the local rank's GPU), cuda:N or mps
+    dist_timeout_minutes: float = 60.0  # how long ranks wait for each other (rank 0 preparing the data, a collective)
     threads: int = 0  # torch intra-op threads; 0: torch's default
     log_every: int = 100  # updates between log lines
     valid_every: int = 1000  # updates between validations; 0: only at the end
@@ -390,8 +393,12 @@ class TrainConfig(_Section):
                                   f"must exceed warmup_steps ({self.warmup_steps}), got {self.max_steps}")  # fmt: skip
             if self.min_lr > self.peak_lr:
                 raise ConfigError(f"min_lr: must not exceed peak_lr ({self.peak_lr}), got {self.min_lr}")
-        _check_choice("precision", self.precision, ("auto", "fp32", "bf16"))
-        _check_choice("device", self.device, ("auto", "cpu", "cuda"))
+        _check_choice("precision", self.precision, ("auto", *PRECISIONS))
+        try:
+            check_device_name(self.device)
+        except TransduceError as e:
+            raise ConfigError(str(e)) from None
+        _check_positive("dist_timeout_minutes", self.dist_timeout_minutes)
         _check_choice("best_metric", self.best_metric, ("bleu", "loss"))
         for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
             if not 0.0 <= getattr(self, name) < 1.0:

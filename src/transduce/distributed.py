@@ -8,6 +8,7 @@ created. Only rank 0 writes files (:attr:`Dist.is_main`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import os
 import sys
@@ -40,21 +41,35 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup(device_type: str) -> Dist:
+def launched_local_rank() -> int:
+    """This process's rank on its node (``LOCAL_RANK``; 0 without ``torchrun``)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def setup(device: str | torch.device, timeout_minutes: float = 60.0, *, shared_gpu: bool = False) -> Dist:
     """Join the process group described by the ``torchrun`` environment, if any.
 
     Args:
-        device_type: ``"cuda"`` (NCCL backend, one GPU per local rank) or ``"cpu"`` (gloo).
+        device: ``"cuda"`` or a CUDA device (NCCL backend, one GPU per local rank), else gloo.
+        timeout_minutes: how long a collective (the barrier while rank 0 prepares the data, an all-reduce) waits
+            for the other ranks before the job fails (NCCL's own default is 10 minutes).
+        shared_gpu: the ranks share one GPU (``train.device=cuda:N`` under ``torchrun``): NCCL refuses that, so
+            gloo carries the collectives.
     """
     world_size = launched_world_size()
     if world_size <= 1:
         return Dist()
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank = int(os.environ["RANK"]), launched_local_rank()
+    device = torch.device(device)
     if not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
-        if device_type == "cuda":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend)
+        backend = "nccl" if device.type == "cuda" and not shared_gpu else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device if device.index is not None else torch.device("cuda", local_rank))
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+        if rank == 0:
+            log = logging.getLogger(__name__)
+            log.info("process group: %d ranks, %s; collectives time out after %g min (train.dist_timeout_minutes)",
+                     world_size, backend, timeout_minutes)  # fmt: skip
     return Dist(rank, world_size, local_rank)
 
 
@@ -89,6 +104,13 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over all processes, in place, without reading it back to the host (identity for one process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t
 
 
 def any_true(flag: bool, device: torch.device) -> bool:

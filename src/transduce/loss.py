@@ -30,6 +30,16 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) 
         ``(loss_sum, nll_sum, n_tokens)``: the smoothed loss and the NLL (for perplexity), each summed over the
         ``n_tokens`` non-pad positions.
     """
+    loss, nll = smoothed_nll_sums(logits, target, eps, pad_id)
+    return loss, nll, int(target.ne(pad_id).sum())
+
+
+def smoothed_nll_sums(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_nll` without the token count, which reads a number back from the device: the
+    ``(loss_sum, nll_sum)`` 0-d tensors only (no host synchronisation; the trainer counts tokens on the CPU batch).
+
+    Shape: logits (B, T, V), target (B, T) -> two 0-d float32 tensors.
+    """
     vocab = logits.shape[-1]
     target = target.reshape(-1)
     flat = logits.reshape(-1, vocab)
@@ -37,7 +47,7 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) 
         loss, nll = _FusedSmoothedNLL.apply(flat.contiguous(), target.contiguous(), eps, pad_id)
     else:
         loss, nll = _SmoothedNLL.apply(flat.float(), target, eps, pad_id)
-    return loss.sum(), nll.sum(), int(target.ne(pad_id).sum())
+    return loss.sum(), nll.sum()
 
 
 # The compiled kernel (transduce.model.kernels, csrc/training.cpp) for float32 and bfloat16 logits on the CPU: one
@@ -118,6 +128,7 @@ class _SmoothedNLL(torch.autograd.Function):
             grad.mul_(g)
             ref_coef = g
         grad.scatter_add_(1, target[:, None], -ref_coef)
-        if not bool(keep.all()):
-            grad[~keep] = 0.0  # padded positions, whatever their logits (even non-finite)
+        # padded positions, whatever their logits (even non-finite); unconditionally: asking whether there are any
+        # would wait for the device
+        grad.masked_fill_(~keep[:, None], 0.0)
         return grad, None, None, None

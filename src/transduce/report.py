@@ -52,12 +52,16 @@ def _eval_sets(cfg: Config) -> list[tuple[str, Corpus]]:
     return sets
 
 
-def evaluate_run(run_dir: str | Path, *, model: str | Path | None = None, **decode: Any) -> dict[str, Any]:
+def evaluate_run(
+    run_dir: str | Path, *, model: str | Path | None = None, device: str = "cpu", precision: str = "fp32",
+    **decode: Any,
+) -> dict[str, Any]:  # fmt: skip
     """Translate and score the run's validation and test sets; write ``RUN_DIR/eval/``.
 
     Args:
         run_dir: a training run directory.
         model: the checkpoint to evaluate (default: :func:`default_model`).
+        device, precision: where and in what dtype to decode (:class:`~transduce.translate.Translator`).
         decode: :class:`~transduce.config.DecodeConfig` overrides (``beam=5``, ``length_penalty=1.0``, ...).
     Returns:
         ``{"model": path, "decode": {...}, "sets": {name: {sentences, bleu, bleu_signature, chrf, chrf_signature,
@@ -69,7 +73,8 @@ def evaluate_run(run_dir: str | Path, *, model: str | Path | None = None, **deco
     if not sets:
         raise TransduceError(f"{run_dir / 'config.yaml'}: names no data.valid or data.test set to evaluate")
     model_path = Path(model) if model else default_model(run_dir)
-    translator = Translator.load(model_path, decode=cfg.decode.replace(**decode) if decode else cfg.decode)
+    translator = Translator.load(model_path, device, decode=cfg.decode.replace(**decode) if decode else cfg.decode,
+                                 precision=precision)  # fmt: skip
     out = run_dir / EVAL_DIR
     out.mkdir(exist_ok=True)
     result: dict[str, Any] = {"model": str(model_path), "decode": translator.decode.to_dict(), "sets": {}}
@@ -97,9 +102,12 @@ def _img(path: Path) -> str:
     return f'<img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}">'
 
 
-def write_report(run_dir: str | Path, *, samples: int = 12, attention_sentences: int = 3) -> Path:
+def write_report(
+    run_dir: str | Path, *, samples: int = 12, attention_sentences: int = 3, device: str = "cpu",
+    precision: str = "fp32",
+) -> Path:  # fmt: skip
     """Write ``RUN_DIR/report.html`` from the run's config, metrics and ``eval/`` (run :func:`evaluate_run` first
-    for the BLEU table and the samples).
+    for the BLEU table and the samples); the attention maps are computed on ``device`` in ``precision``.
 
     Returns:
         The page's path.
@@ -154,7 +162,7 @@ def write_report(run_dir: str | Path, *, samples: int = 12, attention_sentences:
                          "<th>translation</th></tr>")  # fmt: skip
             parts += [f"<tr><td>{e(s)}</td><td>{e(r)}</td><td>{e(h)}</td></tr>" for s, r, h in zip(sources, refs, hyps)]
             parts.append("</table>")
-            translator = Translator.load(scores["model"])
+            translator = Translator.load(scores["model"], device, precision=precision)
             parts.append("<h2>Encoder-decoder attention</h2>")
             for i, source in enumerate(sources[:attention_sentences]):
                 png = plot_attention_maps(translator.attention(source), Path(tmp) / f"attention{i}.png")[0]

@@ -34,7 +34,8 @@ from transduce import checkpoint as ckpt
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
-from transduce.distributed import Dist, all_reduce_sum, broadcast_object, setup, teardown
+from transduce.data.prefetch import Prefetch
+from transduce.distributed import Dist, broadcast_object, launched_local_rank, launched_world_size, setup, teardown
 from transduce.errors import TransduceError
 from transduce.model import Transformer
 from transduce.runlog import RunLog, Throughput, truncate_metrics
@@ -86,6 +87,14 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
     """
     run_dir = Path(config.train.run_dir)
     prepared = Path(config.data.prepared) if config.data.prepared else run_dir / "data"
+    if dist.enabled:  # say what the ranks wait for: a raw corpus can take longer than a collective's usual time
+        timeout = config.train.dist_timeout_minutes
+        if dist.is_main:
+            log.info("rank 0 prepares the data and the run directory; ranks 1-%d wait for it up to %g min "
+                     "(train.dist_timeout_minutes)", dist.world_size - 1, timeout)  # fmt: skip
+        else:
+            log.info("rank %d: waiting for rank 0 to prepare the data in %s (up to %g min, train.dist_timeout_minutes)",
+                     dist.rank, prepared, timeout)  # fmt: skip
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume and ckpt.list_checkpoints(run_dir):
@@ -282,14 +291,24 @@ class _Run:
     # the loop ---------------------------------------------------------------------------------------------------------
 
     def fit(self, signals: _Signals) -> TrainOutcome:
-        cfg, trainer = self.cfg, self.trainer
+        cfg = self.cfg
         started = time.monotonic()
         elapsed = lambda: self.state.elapsed_s + time.monotonic() - started  # noqa: E731
+        pin = self.device if self.device.type == "cuda" else None
+        source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs)
+        batches = Prefetch(source, depth=2 * cfg.accumulate, pin=pin)
+        try:
+            return self._loop(signals, batches, started, elapsed)
+        finally:
+            batches.close()
+
+    def _loop(self, signals: _Signals, batches: Iterator[tuple[int, int, Batch]], started: float, elapsed: Any
+              ) -> TrainOutcome:  # fmt: skip
+        cfg, trainer = self.cfg, self.trainer
         last_save = time.monotonic()
         speed, session_start_step = Throughput(), trainer.step
         interval_loss = interval_tokens = 0.0
         last_valid: ValidResult | None = None
-        batches = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs)
         reason, validated_at = "max_steps", -1
         if self.dist.is_main:
             n = f"{self.model.num_parameters():,}"
@@ -301,10 +320,24 @@ class _Run:
                 reason = "max_epochs"
                 break
             self.state.epoch, self.state.position = group[-1][0], group[-1][1]
-            result = trainer.train_step([b for _, _, b in group])
+
+            # decisions every rank must agree on, carried by the step's all-reduce (asked once its work is queued)
+            def flags(last_save: float = last_save) -> list[float]:
+                return [
+                    float(signals.received is not None),
+                    float(cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes),
+                    float(cfg.max_minutes > 0 and elapsed() >= 60 * cfg.max_minutes),
+                ]
+
+            result = trainer.train_step([b for _, _, b in group], flags)
+            agreed = list(result.flags)
             speed.add(result.tokens + result.src_tokens)
-            if result.skipped:
+            if result.overflow:
+                log.info("fp16: gradient overflow at step %d; update skipped, loss scale lowered to %g",
+                         trainer.step + 1, trainer.scaler.get_scale())  # fmt: skip
+            elif result.skipped:
                 self._nonfinite(result)
+            if result.skipped:
                 continue
             interval_loss += result.loss * result.tokens
             interval_tokens += result.tokens
@@ -320,13 +353,6 @@ class _Run:
                 self.runlog.event("train", step, epoch=self.state.epoch, loss=loss, lr=result.lr, tokens_per_s=rate,
                                   grad_norm=result.grad_norm, skipped_total=trainer.nonfinite_total)  # fmt: skip
                 interval_loss = interval_tokens = 0.0
-            # decisions every rank must agree on: one tiny all-reduce
-            now = time.monotonic()
-            flags = all_reduce_sum([
-                float(signals.received is not None),
-                float(cfg.save_every_minutes > 0 and now - last_save >= 60 * cfg.save_every_minutes),
-                float(cfg.max_minutes > 0 and elapsed() >= 60 * cfg.max_minutes),
-            ], self.device)  # fmt: skip
             if cfg.valid_every and step % cfg.valid_every == 0:
                 last_valid, validated_at = self.validate(), step
                 self.save(elapsed_s=elapsed(), valid=last_valid)
@@ -334,15 +360,15 @@ class _Run:
                 if cfg.patience and self.state.bad_validations >= cfg.patience:
                     reason = "patience"
                     break
-            elif flags[1] > 0 or flags[0] > 0:
+            elif agreed[1] > 0 or agreed[0] > 0:
                 self.save(elapsed_s=elapsed())
                 last_save = time.monotonic()
-            if flags[0] > 0:
+            if agreed[0] > 0:
                 signum = signals.received or signal.SIGTERM
                 self.runlog.info("stopped by %s at step %d; resume with: transduce train --resume %s",
                                  signal.Signals(signum).name, step, self.run_dir)  # fmt: skip
                 return TrainOutcome(128 + int(signum), "signal", step, self.run_dir, last_valid)
-            if flags[2] > 0:
+            if agreed[2] > 0:
                 reason = "max_minutes"
                 break
         if trainer.step != validated_at:
@@ -382,10 +408,11 @@ def train(config: Config | None = None, *, resume: str | Path | None = None, ove
         raise TrainingError("train: give a config or a run directory to resume")
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    device_type = select_device(config.train.device, Dist()).type
-    dist = setup(device_type)
+    local = Dist(local_rank=launched_local_rank())
+    device = select_device(config.train.device, local)  # a missing GPU is one line, before any work
+    shared_gpu = device.type == "cuda" and ":" in config.train.device and launched_world_size() > 1
+    dist = setup(device, config.train.dist_timeout_minutes, shared_gpu=shared_gpu)
     try:
-        device = select_device(config.train.device, dist)
         run = _Run(config, dist, device, resume=resume is not None)
         try:
             with _Signals() as signals:

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,9 @@ from torch import nn
 
 from transduce.config import Config
 from transduce.data.batch import Batch
-from transduce.distributed import Dist, all_reduce_sum
-from transduce.loss import label_smoothed_nll
+from transduce.device import allow_tf32, check_precision, resolve_device
+from transduce.distributed import Dist, all_reduce_tensor
+from transduce.loss import smoothed_nll_sums
 from transduce.optim import build_optimizer, learning_rate, set_learning_rate
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,14 @@ class StepResult:
     lr: float  # learning rate applied (0 when skipped)
     grad_norm: float | None  # gradient norm before clipping (None when the loss was not finite)
     skipped: bool  # True when the loss or gradient was not finite and no update was applied
+    overflow: bool = False  # fp16: the scaled gradient overflowed; the loss scale was lowered (not a divergence)
+    flags: tuple[float, ...] = ()  # the caller's flags of train_step, summed over ranks
+
+
+#: fp16: the initial loss scale (it doubles after 2000 updates without an overflow, halves at an overflow).
+FP16_INIT_SCALE = 128.0
+#: fp16: an overflow while the loss scale is at or above this is the scaler's search for a scale, not a divergence.
+MIN_LOSS_SCALE = 1e-4
 
 
 def cpu_has_native_bf16() -> bool:
@@ -73,16 +83,17 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
 
 
 def select_device(name: str, dist: Dist) -> torch.device:
-    """``auto``: CUDA when available (``cuda:LOCAL_RANK``), else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return torch.device("cuda", dist.local_rank)
-    return torch.device("cpu")
+    """The training device ``name`` stands for (:func:`transduce.device.resolve_device`; ``auto`` and ``cuda``
+    take the GPU of the local rank)."""
+    return resolve_device(name, dist.local_rank, where="train.device")
 
 
 class Trainer:
     """Holds the model, its DDP/compiled wrapper and the optimizer; applies updates with :meth:`train_step`.
+
+    A step waits for the device once: the micro-batches' forward and backward passes are queued without reading
+    anything back (padding facts and token counts come from the CPU batches), then one all-reduce carries the loss
+    sums, the token counts and the caller's flags, and one read brings them back with the gradient norm.
 
     Args:
         config: the resolved config (``train`` and ``model`` sections are used).
@@ -107,88 +118,116 @@ class Trainer:
             net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
         self.ddp = net if self.dist.enabled else None
         if self.cfg.compile:
-            net = torch.compile(net)  # type: ignore[assignment]
+            # batches differ in shape every step: compile for symbolic sizes once rather than once per shape
+            net = torch.compile(net, dynamic=True)  # type: ignore[assignment]
         self.net = net
         self.precision, why = resolve_precision(self.cfg.precision, device)
         log.info("precision: %s (%s)", self.precision, why)
-        self.autocast_dtype = torch.bfloat16 if self.precision == "bf16" else None
-        if self.autocast_dtype is not None and device.type == "cpu" and not cpu_has_native_bf16():
-            log.warning(
-                "precision: bf16 on a CPU without bf16 instructions (avx512_bf16 / amx_bf16): bf16 matrix products "
-                "are emulated and were 10-15x slower than fp32 on such a machine; consider train.precision=fp32"
-            )
-        if device.type == "cuda":  # TF32 matmuls on Ampere and newer: fp32 master weights, faster products
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        dtype = check_precision(self.precision, "train.precision")
+        self.autocast_dtype = None if dtype == torch.float32 else dtype
+        # fp16's narrow range: the loss is scaled up before the backward pass and the gradients scaled back, the scale
+        # lowered after an overflow and raised after a run of good steps (bf16 has float32's range: no scaling). The
+        # loss is a sum over tokens, so a logit's gradient reaches the scale itself: fairseq's initial 128, not
+        # PyTorch's 65536, which overflows fp16's 65504 at once
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=FP16_INIT_SCALE) if dtype == torch.float16 else None
+        # accumulate the step's sums in float64 where the device has it (Apple's mps does not)
+        self.sum_dtype = torch.float32 if device.type == "mps" else torch.float64
+        if self.autocast_dtype is not None and device.type == "cpu":
+            if dtype == torch.bfloat16 and not cpu_has_native_bf16():
+                log.warning("precision: bf16 on a CPU without bf16 instructions (avx512_bf16 / amx_bf16): bf16 matrix "
+                            "products are emulated and were 10-15x slower than fp32 on such a machine; consider "
+                            "train.precision=fp32")  # fmt: skip
+            elif dtype == torch.float16:
+                log.warning("precision: fp16 on a CPU is for testing: CPUs multiply fp16 slowly; use fp32 or bf16")
+        allow_tf32(device)  # TF32 matmuls on Ampere and newer: fp32 master weights, faster products
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast when ``precision: bf16``, else nothing."""
+        """bf16/fp16 autocast when ``precision`` says so, else nothing."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def train_step(self, batches: list[Batch]) -> StepResult:
+    def train_step(
+        self, batches: list[Batch], flags: Sequence[float] | Callable[[], Sequence[float]] = ()
+    ) -> StepResult:
         """Apply one update from ``batches`` (this process's share of it).
 
         A non-finite loss or gradient norm skips the update (gradients dropped, step not counted) and increments
-        :attr:`nonfinite_in_row`; the caller decides when to give up.
+        :attr:`nonfinite_in_row`; the caller decides when to give up. Under fp16 a finite loss with an overflowing
+        gradient lowers the loss scale instead (``overflow``; not counted while the scale is above
+        :data:`MIN_LOSS_SCALE`).
+
+        Args:
+            batches: the micro-batches, on the CPU (they are copied to the device here).
+            flags: numbers every rank must agree on (a signal received, a time limit reached), summed over ranks in
+                the step's one all-reduce and returned in :attr:`StepResult.flags`; a callable is called once the
+                micro-batches' work is queued, just before the all-reduce.
         """
         self.model.train()
         pad, eps = self.config.model.pad_id, self.cfg.label_smoothing
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        nll_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        sums = torch.zeros(2, dtype=self.sum_dtype, device=self.device)  # loss, nll
         for i, batch in enumerate(batches):
+            padded = batch.n_src_tokens < batch.src.numel()  # from the CPU batch: nothing read from the device
             batch = batch.to(self.device, non_blocking=True)
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
             with sync:
                 with self.autocast():
-                    logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
-                loss, nll, _ = label_smoothed_nll(logits, batch.tgt_out, eps, pad)
-                loss.backward()
-            loss_sum += loss.detach().double()
-            nll_sum += nll.double()
+                    logits = self.net(batch.src, batch.tgt_in, src_padded=padded)  # (B, T, V)
+                loss, nll = smoothed_nll_sums(logits, batch.tgt_out, eps, pad)
+                (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+            sums += torch.stack([loss.detach(), nll]).to(self.sum_dtype)
         n_tgt = sum(b.n_tgt_tokens for b in batches)
         n_src = sum(b.n_src_tokens for b in batches)
-        total_loss, total_nll, tokens, src_tokens = all_reduce_sum(
-            [loss_sum.item(), nll_sum.item(), float(n_tgt), float(n_src)], self.device
-        )
+        flags = flags() if callable(flags) else flags
+        counts = torch.tensor([n_tgt, n_src, *flags], dtype=self.sum_dtype).to(self.device, non_blocking=True)
+        totals = all_reduce_tensor(torch.cat([sums, counts]))  # loss, nll, tokens, src tokens, flags...
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # (records whether the scaled gradients overflowed)
+        # undo DDP's mean over ranks, divide by all target tokens (on the device: the count is not read back)
+        scale = (self.dist.world_size / totals[2].clamp(min=1.0)).float()
+        if grads:
+            torch._foreach_mul_(grads, scale)
+        # the norm is measured even without clipping: a finite loss can still have inf/NaN gradients, and one
+        # Adam step with them would corrupt every weight (a non-finite norm leaves the weights untouched)
+        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf  # inf: measure, never rescale
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm) if grads else torch.zeros((), device=self.device)
+        values = torch.cat([totals, norm.detach().to(self.sum_dtype).reshape(1)]).tolist()  # the step's one read
+        total_loss, total_nll, tokens, src_tokens = values[:4]
+        reduced_flags, grad_norm = tuple(values[4:-1]), values[-1]
         tokens_i = int(tokens)
-        finite = math.isfinite(total_loss) and tokens_i > 0
-        grad_norm = None
-        if finite:
-            scale = self.dist.world_size / tokens  # undo DDP's mean over ranks, divide by all target tokens
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-            # the norm is measured even without clipping: a finite loss can still have inf/NaN gradients, and one
-            # Adam step with them would corrupt every weight (a non-finite norm leaves the weights untouched)
-            max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf  # inf: measure, never rescale
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-            finite = math.isfinite(grad_norm)
+        loss_finite = math.isfinite(total_loss) and tokens_i > 0
+        finite = loss_finite and math.isfinite(grad_norm)
         result = StepResult(
             loss=total_loss / max(tokens, 1.0),
             nll=total_nll / max(tokens, 1.0),
             tokens=tokens_i,
             src_tokens=int(src_tokens),
             lr=0.0,
-            grad_norm=grad_norm,
+            grad_norm=grad_norm if loss_finite else None,
             skipped=not finite,
+            flags=reduced_flags,
         )
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
-            self.nonfinite_in_row += 1
-            self.nonfinite_total += 1
+            if self.scaler is not None:
+                self.scaler.update()  # an overflow halves the scale
+                result.overflow = loss_finite and self.scaler.get_scale() >= MIN_LOSS_SCALE
+            if not result.overflow:
+                self.nonfinite_in_row += 1
+                self.nonfinite_total += 1
             return result
         self.nonfinite_in_row = 0
         self.step += 1
         result.lr = learning_rate(self.step, self.cfg, self.config.model.d_model)
         set_learning_rate(self.optimizer, result.lr)
-        self.optimizer.step()
+        self.optimizer.step()  # (the gradients are finite: the scaler's own check would read the device again)
+        if self.scaler is not None:
+            self.scaler.update()
         # the fused optimizer writes the weights without bumping their version counters: bump them, so that what is
         # keyed on them (the packed weights of transduce.model.packed.project) sees the new values
-        for p in self.params:  # (one tensor per call: a list needs torch 2.5)
-            torch.autograd.graph.increment_version(p)
+        torch.autograd.graph.increment_version(self.params)
         self.optimizer.zero_grad(set_to_none=True)
         return result
 
@@ -196,13 +235,16 @@ class Trainer:
     # state (everything but the weights): tensors and plain types, loadable with torch.load(weights_only=True)
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, schedule position (the step) and the skip counters."""
-        return {
+        """Optimizer, schedule position (the step), the skip counters and (fp16) the loss scaler."""
+        state = {
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
             "nonfinite_in_row": self.nonfinite_in_row,
             "nonfinite_total": self.nonfinite_total,
         }
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Optimizer.load_state_dict takes each group's options from the checkpoint, "fused" and "foreach" included:
@@ -214,6 +256,8 @@ class Trainer:
         self.step = int(state["step"])
         self.nonfinite_in_row = int(state["nonfinite_in_row"])
         self.nonfinite_total = int(state["nonfinite_total"])
+        if self.scaler is not None and "scaler" in state:  # (a run switched to fp16 starts with a fresh scale)
+            self.scaler.load_state_dict(state["scaler"])
 
 
 def rng_state() -> dict[str, Any]:
@@ -225,7 +269,9 @@ def rng_state() -> dict[str, Any]:
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's device only: another run may see other GPUs
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        state["mps"] = torch.mps.get_rng_state()
     return state
 
 
@@ -236,5 +282,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list | tuple):  # an older checkpoint held every visible GPU's: take the current one's
+            index = torch.cuda.current_device()
+            cuda = cuda[index] if index < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)  # the current device's: cuda:LOCAL_RANK (set by distributed.setup)
+    if "mps" in state and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])

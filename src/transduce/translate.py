@@ -29,6 +29,7 @@ from torch import nn
 
 from transduce import casing
 from transduce.config import ConfigError, DecodeConfig
+from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.search import Hypothesis, generate, length_batches
 from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
@@ -77,9 +78,12 @@ class Translator:
             it is moved to ``device`` and put in eval mode.
         tokenizer: see :class:`TokenizerLike`.
         decode: default decoding configuration (the paper's when None).
-        device: torch device for the model and the batches.
+        device: ``cpu`` (the default, as for any torch module), ``auto`` (a GPU when there is one: the commands'
+            default), ``cuda``, ``cuda:N``, ``mps`` or a ``torch.device``.
         max_input_tokens: longer sources are split into pieces; default: ``max_positions - 1`` for learned
             positions, else 1024.
+        precision: ``fp32`` (on CUDA with TF32 matrix products), ``bf16`` or ``fp16``: the dtype the weights are
+            cast to for decoding (the search's scores stay float32).
     """
 
     def __init__(
@@ -90,9 +94,16 @@ class Translator:
         device: str | torch.device = "cpu",
         *,
         max_input_tokens: int | None = None,
+        precision: str = "fp32",
     ) -> None:
-        self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
+        self.device = resolve_device(device)
+        dtype = check_precision(precision)
+        self.precision = precision
+        if dtype != torch.float32 and any(p.dtype != torch.float32 for p in model.parameters()):
+            raise ConfigError(f"precision: {precision!r} casts float32 weights; this model's are not all float32 "
+                              "(an int8 model runs at precision fp32)")  # fmt: skip
+        allow_tf32(self.device)
+        self.model = model.to(self.device, dtype if dtype != torch.float32 else None).eval()
         self.tokenizer = tokenizer
         self.decode = decode if decode is not None else DecodeConfig()
         mc = model.config
@@ -113,6 +124,7 @@ class Translator:
         decode: DecodeConfig | None = None,
         max_input_tokens: int | None = None,
         quantize: str | None = None,
+        precision: str = "fp32",
     ) -> Translator:
         """A translator from a run directory, a checkpoint, or a Hugging Face Marian model directory (an opus-mt
         model, for example; needs the ``interop`` extra), with the model's decoding configuration unless ``decode``
@@ -123,12 +135,17 @@ class Translator:
 
         if quantize is not None and quantize not in QUANTIZATIONS:
             raise ConfigError(f"quantize: {quantize!r} is not one of {', '.join(QUANTIZATIONS)}")
-        if quantize is not None and torch.device(device).type != "cpu":
+        device = resolve_device(device)
+        check_precision(precision)
+        if quantize is not None and device.type != "cpu":
             raise ConfigError(f"quantize: {quantize!r} runs on the CPU only, not on {device}")
+        if quantize is not None and precision != "fp32":
+            raise ConfigError(f"quantize: {quantize!r} runs with precision fp32, not {precision}")
         model, config, tokenizer = load_any(path, device)
         if quantize == "int8":
             model = quantize_int8(model)
-        return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens)
+        return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens,
+                   precision=precision)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------------------------
     # public API

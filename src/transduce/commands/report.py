@@ -10,6 +10,7 @@ import argparse
 import json
 
 from transduce.commands.options import positive_int
+from transduce.commands.translate import add_device_arguments
 from transduce.config import LENGTH_NORMS
 from transduce.report import evaluate_run, write_report
 
@@ -25,13 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--length-penalty", type=float, metavar="ALPHA", help="penalty alpha (default: the run's decode.length_penalty)"
     )
     p.add_argument("--length-norm", choices=LENGTH_NORMS, help="gnmt or length (default: the run's decode.length_norm)")
+    add_device_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.evaluate:
         given = {"beam": args.beam, "length_penalty": args.length_penalty, "length_norm": args.length_norm}
         decode = {k: v for k, v in given.items() if v is not None}
-        result = evaluate_run(args.run_dir, model=args.model, **decode)
+        result = evaluate_run(args.run_dir, model=args.model, device=args.device, precision=args.precision, **decode)
         print(json.dumps(result["sets"], indent=2, ensure_ascii=False))
-    print(f"report: {write_report(args.run_dir)}")
+    print(f"report: {write_report(args.run_dir, device=args.device, precision=args.precision)}")
     return 0

@@ -16,6 +16,8 @@ Data parallelism (DDP; the same command on every node, one process per GPU, or p
   torchrun --nproc_per_node 8 -m transduce.cli train configs/example.yaml
   torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 --rdzv_backend c10d \\
       --rdzv_endpoint HOST:29500 -m transduce.cli train configs/example.yaml    # node_rank 1 on the other node
+  (every node reads the data and vocabulary rank 0 prepares under train.run_dir: put it on a shared file system,
+  or run `transduce prepare` first and point data.prepared at a copy on each node; see docs/gpu.md)
 
 The run directory (train.run_dir, or -o DIR) receives config.yaml (the resolved config), vocab/, checkpoints/
 (step_N/, last, best), metrics.jsonl, train.log and, when tensorboard is installed, tensorboard/. A run that fails
@@ -55,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", metavar="NAME", help=f"model shape (model.preset): {presets}; model keys on top")
     add_output_argument(parser, "the run directory (train.run_dir)", metavar="DIR")
     add_data_arguments(parser)
+    parser.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N or mps (default: the config's)")
+    parser.add_argument("--precision", help="train.precision: auto, fp32, bf16 or fp16 (default: the config's)")
     parser.epilog = "train.* keys (default  # meaning):\n" + _field_docs(TrainConfig)
 
 
@@ -66,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         overrides.insert(0, args.config)
         args.config = None
     options = _options(args)
+    for key in ("device", "precision"):  # shorthands of the dotted overrides, as translate/evaluate/serve spell them
+        if getattr(args, key, None) is not None:
+            overrides.append(f"train.{key}={getattr(args, key)}")
     if args.resume:
         if args.config:
             raise TrainingError("give either CONFIG.yaml or --resume RUN_DIR, not both")

@@ -48,12 +48,23 @@ _DECODE_OPTIONS = {
 }
 
 
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device and --precision (shared with evaluate/serve/attention/report)."""
+    from transduce.device import DEVICE_FORMS, PRECISIONS
+
+    parser.add_argument("--device", default="auto", help=f"{DEVICE_FORMS} (default: auto, a GPU when there is one)")
+    parser.add_argument(
+        "--precision", default="fp32", choices=list(PRECISIONS),
+        help="weights' dtype for decoding (default: fp32; TF32 products on CUDA); bf16/fp16 for GPUs",
+    )  # fmt: skip
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --device, --threads, --max-input-tokens and the decoding options (shared with evaluate/attention)."""
     parser.add_argument(
         "--model", required=True, metavar="PATH", help="run directory, checkpoint or Hugging Face Marian directory"
     )
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_device_arguments(parser)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     parser.add_argument(
         "--max-input-tokens",
@@ -113,7 +124,8 @@ def load_translator(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     quantize = "int8" if getattr(args, "int8", False) else None
-    return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens, quantize=quantize)
+    return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens, quantize=quantize,
+                           precision=args.precision)  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

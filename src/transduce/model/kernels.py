@@ -37,17 +37,32 @@ load it at once. Where it cannot be built, transduce warns once and uses PyTorch
 
 The compiled code is specific to the CPU features it was built for (AVX2 and FMA when the CPU has them, as PyTorch
 reports; with AVX-512, AVX512-BF16's float-to-bf16 conversion and AVX512-VNNI's int8 products where present), and
-the extension's name says which, so machines of different kinds can share one cache directory.
+the extension's name says which, so machines of different kinds can share one cache directory. The name also carries
+a hash of the Python environment (interpreter, PyTorch's version and location), so two environments on one machine
+never rebuild over each other or load each other's build.
+
+A build never hangs a later command. ``torch.utils.cpp_extension`` guards a build with a ``lock`` file in the build
+directory and waits, without a bound, while that file exists; a build killed by SIGTERM or SIGKILL leaves it behind.
+transduce holds an operating-system lock (``flock``, released by the kernel when its holder dies, however it dies)
+around its builds: the process that gets it knows no live transduce build is running, so a ``lock`` file there was
+left by a killed one, and is removed (a warning says so). A process that waits for a live build waits at most
+:data:`BUILD_WAIT_S` seconds (``TRANSDUCE_KERNEL_WAIT``), then warns and runs on PyTorch's operations.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import sys
 import threading
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import IO
 
 import torch
 from torch import Tensor
@@ -59,6 +74,13 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp")
 HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
+
+#: Seconds a process waits for another process's build of the same kernels before it gives up and runs on
+#: PyTorch's operations (a build takes 30-40 s on two cores).
+BUILD_WAIT_S = float(os.environ.get("TRANSDUCE_KERNEL_WAIT", "300"))
+#: Without ``flock`` (Windows, some network file systems) a ``lock`` file older than this many seconds is taken
+#: for a killed build's.
+STALE_LOCK_S = 600.0
 
 _lock = threading.Lock()
 _state: dict[str, ModuleType | Exception | None] = {"module": None, "error": None}
@@ -82,20 +104,106 @@ def _arch_flags() -> tuple[str, list[str]]:
     return "generic", []
 
 
-def build() -> ModuleType:
-    """Compile (or load from PyTorch's extension cache) the kernel module; raises what the build raises."""
+def environment_tag() -> str:
+    """A short hash of this Python environment: the interpreter (its prefix, version and ABI) and the PyTorch the
+    kernels are compiled against (version, CUDA/HIP version, location)."""
+    parts = (
+        sys.prefix, sys.version, getattr(sys, "abiflags", ""), torch.__version__, str(torch.version.cuda),
+        str(getattr(torch.version, "hip", None)), os.path.dirname(torch.__file__),
+    )  # fmt: skip
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
+
+
+def extension_name() -> str:
+    """The extension's name: the CPU's instruction sets and the environment (:func:`environment_tag`)."""
+    return f"transduce_kernels_{_arch_flags()[0]}_{environment_tag()}"
+
+
+def build_directory(name: str) -> Path:
+    """Where ``name`` is built: ``TORCH_EXTENSIONS_DIR`` (or PyTorch's default cache) / name."""
     from torch.utils import cpp_extension
 
-    suffix, arch = _arch_flags()
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / name
+
+
+class BuildWaitTimeout(RuntimeError):
+    """Another process's build of the kernels did not finish in :data:`BUILD_WAIT_S` seconds."""
+
+
+@contextmanager
+def build_lock(directory: Path, wait_s: float | None = None) -> Iterator[None]:
+    """Hold the builders' lock of ``directory``; on getting it, remove a ``lock`` file that a killed build of
+    ``torch.utils.cpp_extension`` left (no live builder holds ours). Raises :class:`BuildWaitTimeout` after
+    ``wait_s`` seconds (default :data:`BUILD_WAIT_S`) of waiting for a live builder."""
+    wait_s = BUILD_WAIT_S if wait_s is None else wait_s
+    directory.mkdir(parents=True, exist_ok=True)
+    torch_lock = directory / "lock"
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows)
+        fcntl = None
+    with open(directory / "transduce.flock", "a+") as handle:
+        deadline, said = time.monotonic() + wait_s, False
+        while (locked := _try_flock(fcntl, handle)) is False:
+            if time.monotonic() >= deadline:
+                raise BuildWaitTimeout(f"another process has been building the kernels in {directory} for more "
+                                       f"than {wait_s:.0f} s (TRANSDUCE_KERNEL_WAIT)")  # fmt: skip
+            if not said:
+                log.info("waiting up to %.0f s for another process building the kernels in %s", wait_s, directory)
+                said = True
+            time.sleep(0.2)
+        if locked is None:  # no flock here: a lock file older than any build is a killed build's
+            if torch_lock.exists() and time.time() - torch_lock.stat().st_mtime > STALE_LOCK_S:
+                _remove_stale(torch_lock)
+            yield
+            return
+        try:
+            if torch_lock.exists():  # no live builder holds ours: a killed build left it
+                _remove_stale(torch_lock)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _try_flock(fcntl: ModuleType | None, handle: IO) -> bool | None:
+    """True: ``handle``'s exclusive flock is ours; False: another process holds it; None: no flock on this system
+    or file system (Windows, some network mounts)."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+
+
+def _remove_stale(torch_lock: Path) -> None:
+    log.warning("removing %s, left by a kernel build that was killed", torch_lock)
+    torch_lock.unlink(missing_ok=True)
+
+
+def build() -> ModuleType:
+    """Compile (or load from PyTorch's extension cache) the kernel module; raises what the build raises, and
+    :class:`BuildWaitTimeout` when another process's build takes too long."""
+    from torch.utils import cpp_extension
+
+    arch = _arch_flags()[1]
+    name = extension_name()
+    directory = build_directory(name)
     headers = hashlib.sha256(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:16]
     log.info("loading transduce's CPU kernels (compiled on first use, about 30-40 s; then cached)")
-    return cpp_extension.load(
-        name=f"transduce_kernels_{suffix}",
-        sources=[str(s) for s in SOURCES],
-        extra_cflags=["-O3", "-fopenmp", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
-        extra_ldflags=["-fopenmp"],  # libgomp.so.1: the process already has PyTorch's, and uses it
-        verbose=False,
-    )
+    with build_lock(directory):
+        return cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in SOURCES],
+            extra_cflags=["-O3", "-fopenmp", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
+            extra_ldflags=["-fopenmp"],  # libgomp.so.1: the process already has PyTorch's, and uses it
+            build_directory=str(directory),
+            verbose=False,
+        )
 
 
 def compiled() -> ModuleType | None:

@@ -26,17 +26,22 @@ KV = tuple[Tensor, Tensor]  # (keys, values), each (B, h, T, d_k)
 # masks
 
 
-def padding_mask(tokens: Tensor, pad_id: int) -> Tensor | None:
+def padding_mask(tokens: Tensor, pad_id: int, padded: bool | None = None) -> Tensor | None:
     """Key mask for a right-padded batch.
 
     Args:
         tokens: (B, S) token ids.
         pad_id: the padding id.
+        padded: whether the batch has padding, when the caller knows (a training batch counts its tokens on the
+            CPU); None: looked up on a CPU tensor, assumed on any other device (looking would wait for the device
+            to finish its queue, and a mask of all True gives the same attention).
     Returns:
         (B, 1, 1, S) bool, True at real tokens; ``None`` when the batch has no padding (the fast path).
     """
+    if padded is False:
+        return None
     real = tokens.ne(pad_id)
-    if bool(real.all()):
+    if padded is None and tokens.device.type == "cpu" and bool(real.all()):
         return None
     return real[:, None, None, :]
 
@@ -61,28 +66,43 @@ def sinusoid(positions: Tensor, d_model: int) -> Tensor:
     """The paper's positional encoding at the given positions (§3.5), computed in float64 for accuracy.
 
     ``PE(pos, 2i) = sin(pos / 10000^(2i/d_model))`` and ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))``.
+    The float64 arithmetic runs on the CPU (Apple's ``mps`` has no float64); the result is on ``positions``' device.
 
     Args:
         positions: (T,) integer positions.
     Returns:
         (T, d_model) float32.
     """
-    pos = positions.to(torch.float64)[:, None]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
+    if positions.is_meta:  # shapes only (``with torch.device("meta")``)
+        return torch.empty(len(positions), d_model, device=positions.device)
+    cpu = torch.device("cpu")  # (explicitly: a ``with torch.device(...)`` context would move them)
+    pos = positions.to(cpu, torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device=cpu)
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (T, d_model / 2)
-    pe = torch.empty(len(positions), d_model, dtype=torch.float64, device=positions.device)
+    pe = torch.empty(len(positions), d_model, dtype=torch.float64, device=cpu)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle)
-    return pe.to(torch.float32)
+    return pe.to(torch.float32).to(positions.device)
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal encodings for any length: a table is computed once and grown (doubled) on demand."""
+    """Fixed sinusoidal encodings for any length: a table is computed once and grown (doubled) on demand.
+
+    The table is a plain attribute, not a buffer: ``DistributedDataParallel`` broadcasts buffers from rank 0 before
+    every forward pass, and tables that grew to different sizes on different ranks (a long validation sentence
+    decoded by one rank) would be broadcast with different shapes. It follows the module's ``.to()`` all the same
+    (:meth:`_apply`), and is grown outside inference mode, so a table grown by a search (under
+    ``torch.inference_mode``) is an ordinary tensor that training can use afterwards.
+    """
 
     def __init__(self, d_model: int, initial_length: int = 256):
         super().__init__()
         self.d_model = d_model
-        self.register_buffer("table", sinusoid(torch.arange(initial_length), d_model), persistent=False)
+        self.table = sinusoid(torch.arange(initial_length), d_model)  # (length, d_model)
+
+    def _apply(self, fn, recurse: bool = True):  # (nn.Module's: .to(), .cuda(), .half() move the table too)
+        self.table = fn(self.table)
+        return super()._apply(fn, recurse)
 
     def forward(self, offset: int, length: int) -> Tensor:
         """Encodings of positions ``offset .. offset + length - 1``, shape (length, d_model)."""
@@ -90,7 +110,8 @@ class SinusoidalPositions(nn.Module):
         table = self.table
         if end > table.shape[0]:
             size = max(end, 2 * table.shape[0])
-            table = sinusoid(torch.arange(size, device=table.device), self.d_model).to(table.dtype)
+            with torch.inference_mode(False):
+                table = sinusoid(torch.arange(size), self.d_model).to(device=table.device, dtype=table.dtype)
             self.table = table  # a single assignment: safe for concurrent readers
         return table[offset:end]
 

@@ -91,19 +91,20 @@ class Transformer(nn.Module):
         x = embedding(tokens) * self.embed_scale + positions(offset, tokens.shape[1]).to(embedding.weight.dtype)
         return self.dropout(x)
 
-    def encode(self, src: Tensor) -> Memory:
+    def encode(self, src: Tensor, *, src_padded: bool | None = None) -> Memory:
         """Run the encoder.
 
         Args:
             src: (B, S) source ids, right-padded.
+            src_padded: whether ``src`` has padding, when known (see :func:`~transduce.model.padding_mask`).
         Returns:
             :class:`Memory` with states (B, S, d_model) and the source mask.
         """
-        memory, _ = self._encode(src, need_weights=False)
+        memory, _ = self._encode(src, need_weights=False, src_padded=src_padded)
         return memory
 
-    def _encode(self, src: Tensor, need_weights: bool) -> tuple[Memory, list[Tensor]]:
-        mask = padding_mask(src, self.config.pad_id)
+    def _encode(self, src: Tensor, need_weights: bool, src_padded: bool | None = None) -> tuple[Memory, list[Tensor]]:
+        mask = padding_mask(src, self.config.pad_id, src_padded)
         x = self._embed(src, self.src_embed, self.src_positions, 0)
         weights = []
         for layer in self.encoder_layers:
@@ -192,16 +193,17 @@ class Transformer(nn.Module):
             cross_ws.append(cross_w)
         return self.decoder_norm(x), (self_ws, cross_ws)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, *, src_padded: bool | None = None) -> Tensor:
         """Teacher forcing.
 
         Args:
             src: (B, S) source ids.
             tgt_in: (B, T) decoder inputs: BOS followed by the target ids, right-padded.
+            src_padded: whether ``src`` has padding, when known (see :func:`~transduce.model.padding_mask`).
         Returns:
             logits (B, T, tgt_vocab): position t predicts target token t + 1 of ``tgt_in``.
         """
-        memory = self.encode(src)
+        memory = self.encode(src, src_padded=src_padded)
         x, _ = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=False, memory=memory)
         return project(self.output, x, output=True)
 

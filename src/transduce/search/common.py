@@ -135,7 +135,9 @@ def max_lengths(model: SearchModel, src: Tensor, max_len_a: float, max_len_b: in
 
     Shape: src (B, S) -> (B,) long.
     """
-    lengths = torch.floor(source_lengths(src, model.config).double() * max_len_a + max_len_b).long()
+    # float64 on the CPU (exact for any length; Apple's mps has no float64), then back to src's device
+    real = source_lengths(src, model.config).cpu()
+    lengths = torch.floor(real.double() * max_len_a + max_len_b).long().to(src.device)
     if getattr(model.config, "positions", None) == "learned":  # decoder inputs BOS + tokens use positions 0..len
         lengths = lengths.clamp(max=model.config.max_positions - 1)
     return lengths.clamp(min=0)
@@ -277,7 +279,7 @@ def rescore(model: SearchModel, src: Tensor, hypotheses: Sequence[Sequence[int]]
     logits, _ = model.decode(tgt_in, memory, None)
     lp = torch.log_softmax(logits.float(), dim=-1).gather(2, target[:, :, None]).squeeze(2)  # (B, T)
     lp = lp.masked_fill(target.eq(cfg.pad_id), 0.0)
-    return [float(x) for x in lp.sum(dim=1).double()]
+    return lp.sum(dim=1).tolist()
 
 
 def next_token_log_probs(logits: Tensor) -> Tensor:

@@ -53,7 +53,8 @@ def _decode_rows(
     row_limit = max_lengths(model, src, max_len_a, max_len_b).index_select(0, expand)
     alive = torch.arange(rows, device=device)
     history = torch.empty(rows, 0, dtype=torch.long, device=device)
-    log_prob = torch.zeros(rows, dtype=torch.float64, device=device)
+    acc = torch.float32 if device.type == "mps" else torch.float64  # (mps has no float64)
+    log_prob = torch.zeros(rows, dtype=acc, device=device)
     tokens_in = torch.full((rows, 1), cfg.bos_id, dtype=torch.long, device=device)
     out: list[Hypothesis | None] = [None] * rows
     one_pass = RowCandidates(cfg, min_len, device)
@@ -73,7 +74,7 @@ def _decode_rows(
             log_probs = constrain(next_token_log_probs(logits), step, **limits)
             chosen = log_probs.argmax(dim=-1) if pick is None else pick(log_probs)  # (R,)
             chosen_lp = log_probs.gather(1, chosen[:, None]).squeeze(1)
-        log_prob += chosen_lp.double()
+        log_prob += chosen_lp.to(acc)
         ended = chosen.eq(cfg.eos_id)
         if bool(ended.any()):
             idx = ended.nonzero().squeeze(1)
