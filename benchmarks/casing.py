@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
 from sacrebleu.metrics import BLEU
 
+from harness import add_common_args, apply_common_args, machine, table
 from transduce import casing
 from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.textio import read_lines
@@ -35,11 +35,11 @@ def main() -> None:
     parser.add_argument("--lang", required=True, help="target language, for the lowercased tokenised BLEU")
     parser.add_argument("--input-case", default="keep,normalize", help="comma-separated: keep, normalize")
     parser.add_argument("--beam", type=int, help="beam size (default: the model's decoding configuration)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
     parser.add_argument("--limit", type=int, default=0, help="only the first N sentences (0: all)")
+    add_common_args(parser, reps=None)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_common_args(args)
+    print(machine())
 
     sources = [text for _, text in read_lines(args.src)]
     references = [text for _, text in read_lines(args.ref)]
@@ -47,11 +47,9 @@ def main() -> None:
         sources, references = sources[: args.limit], references[: args.limit]
     translator = Translator.load(args.model)
     insensitive = BLEU(lowercase=True)
-    print(f"model {args.model}; {len(sources)} sentences; {torch.get_num_threads()} threads")
-    print(f"case-insensitive BLEU: {insensitive.get_signature()}")
-    print()
-    print("| input_case | source | BLEU (case-insensitive) | vs normal | cased sacreBLEU | lc-tok BLEU | seconds |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"model {args.model}; {len(sources)} sentences; case-insensitive BLEU: {insensitive.get_signature()}")
+    header = ("input_case", "source", "BLEU (case-insensitive)", "vs normal", "cased sacreBLEU", "lc-tok BLEU", "s")
+    rows = []
     for mode in args.input_case.split(","):
         normal = None
         for name, transform in VARIANTS.items():
@@ -65,7 +63,8 @@ def main() -> None:
             if name == "normal":
                 cased = f"{score(hyps, references).bleu:.2f}"
                 lc_tok = f"{score_tokenized_lowercase(hyps, references, args.lang).bleu_lc_tok:.2f}"
-            print(f"| {mode} | {name} | {bleu:.2f} | {bleu - normal:+.2f} | {cased} | {lc_tok} | {seconds:.0f} |")
+            rows.append((mode, name, f"{bleu:.2f}", f"{bleu - normal:+.2f}", cased, lc_tok, f"{seconds:.0f}"))
+    print(table(header, rows))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from harness import add_common_args, apply_common_args, machine, table  # noqa: E402
 from train_common import MarianLogits, TorchTransformer, copy_to_torch  # noqa: E402
 from transduce import checkpoint as ckpt  # noqa: E402
 from transduce.config import Config  # noqa: E402
@@ -152,7 +153,10 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"))
     parser.add_argument("--steps", type=int, help="updates per training run (default: 200 on a GPU, 4 on the CPU)")
+    add_common_args(parser, reps=None)
     args = parser.parse_args()
+    apply_common_args(args)
+    print(machine())
     if not args.cpu and not torch.cuda.is_available():
         parser.error("no CUDA device: run with --cpu for the CPU half")
     out = args.out
@@ -212,6 +216,9 @@ def main() -> int:
     report["peak_host_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report["ok"] = bool(ok)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    rows = [(name, *(run.get(k, "-") for k in ("seconds", "loss")), run.get("error", "")[:60]) for name, run in
+            report["runs"].items()]  # fmt: skip
+    print(table(("run", "seconds", "last loss", "error"), rows))
     print(json.dumps(report, indent=2))
     return 0 if ok else 1
 
