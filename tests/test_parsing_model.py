@@ -1,0 +1,147 @@
+"""Parsing through the normal path: a treebank prepared with data.task: parse, a tiny model trained in seconds on a
+toy grammar, then `transduce parse` (library and command line) and the attention picture of a parse."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from transduce.cli import main
+from transduce.config import Config, ConfigError
+from transduce.parsing.parser import PAPER_DECODE, Parser
+from transduce.parsing.trees import Tree, read_treebank
+
+LEXICON = {
+    "DT": ["the", "a"], "NN": ["cat", "dog", "mat", "hat"], "JJ": ["big", "red"], "NNP": ["Kim", "Lee"],
+    "VBZ": ["sees", "likes", "sleeps"], "IN": ["on", "with"],
+}  # fmt: skip
+
+
+def _np(rng: random.Random) -> str:
+    word = lambda tag: f"({tag} {rng.choice(LEXICON[tag])})"  # noqa: E731
+    kind = rng.randrange(3)
+    if kind == 0:
+        return f"(NP {word('DT')} {word('NN')})"
+    if kind == 1:
+        return f"(NP {word('DT')} {word('JJ')} {word('NN')})"
+    return f"(NP {word('NNP')})"
+
+
+def toy_tree(rng: random.Random) -> str:
+    """S -> NP VP; VP -> VBZ | VBZ NP | VBZ NP PP; PP -> IN NP: the structure follows from the words."""
+    verb = f"(VBZ {rng.choice(LEXICON['VBZ'])})"
+    kind = rng.randrange(3)
+    vp = {0: verb, 1: f"{verb} {_np(rng)}", 2: f"{verb} {_np(rng)} (PP (IN {rng.choice(LEXICON['IN'])}) {_np(rng)})"}
+    return f"( (S {_np(rng)} (VP {vp[kind]}) (. .)) )"
+
+
+def write_toy_treebank(directory: Path) -> tuple[Path, Path]:
+    rng = random.Random(0)
+    directory.mkdir(parents=True, exist_ok=True)
+    train, test = directory / "toy_train.mrg", directory / "toy_test.mrg"
+    train.write_text("\n".join(toy_tree(rng) for _ in range(300)) + "\n", encoding="utf-8")
+    test.write_text("\n".join(toy_tree(rng) for _ in range(30)) + "\n", encoding="utf-8")
+    return train, test
+
+
+def toy_parse_config(train: Path, test: Path, run_dir: Path) -> Config:
+    root = Path(__file__).resolve().parents[1]
+    overrides = [
+        "data.task=parse", "data.src_lang=words", "data.tgt_lang=tree", "data.joint_vocab=false",
+        f"data.train={train}", f"data.valid={test}", "data.vocab_size=290", f"train.run_dir={run_dir}",
+        "model.d_model=64", "model.d_ff=128", "model.dropout=0.0", "train.max_steps=400", "train.max_tokens=1024",
+        "train.peak_lr=5.0e-3", "train.warmup_steps=40", "train.valid_every=0", "train.log_every=50",
+        "train.valid_bleu=false", "decode.max_len_b=40",
+    ]  # fmt: skip
+    return Config.load(root / "configs" / "toy.yaml", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from transduce.train import train
+
+    directory = tmp_path_factory.mktemp("toy_parse")
+    train_mrg, test_mrg = write_toy_treebank(directory / "treebank")
+    run_dir = directory / "run"
+    outcome = train(toy_parse_config(train_mrg, test_mrg, run_dir))
+    assert outcome.exit_code == 0
+    return run_dir, test_mrg
+
+
+def test_prepared_treebank_keeps_its_text_and_a_closed_target_vocabulary(toy_run):
+    run_dir, _ = toy_run
+    manifest = json.loads((run_dir / "data" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["options"]["task"] == "parse" and manifest["treebanks"]["train"].endswith("toy_train.mrg")
+    assert manifest["splits"]["train"]["pairs"] == 300
+    lines = (run_dir / "data" / "text" / "train.tree").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("(S (NP ") and lines[0].endswith(" XX )S")
+    vocab = json.loads((run_dir / "data" / "tokenizer.json").read_text(encoding="utf-8"))
+    # 4 special ids + (S )S (NP )NP (VP )VP (PP )PP XX
+    assert (vocab["joint"], vocab["tgt_vocab_type"], vocab["tgt_vocab_size"]) == (False, "word", 13)
+
+
+def test_a_tiny_model_parses_the_toy_grammar_exactly(toy_run):
+    run_dir, test_mrg = toy_run
+    gold = read_treebank(test_mrg)
+    parser = Parser.load(run_dir)
+    assert parser.decode == PAPER_DECODE
+    results = parser.parse([t.words() for t in gold], PAPER_DECODE.replace(beam=4))
+    strip = lambda t: t.to_string().replace("(XX ", "(")  # noqa: E731
+    for tree, result in zip(gold, results):
+        expected = Tree(tree.label, tree.children)
+        for node in expected.subtrees():
+            if node.is_preterminal():
+                node.label = "XX"
+        assert strip(result.tree) == strip(expected) and not result.repair.needed
+
+
+def test_parse_command_scores_a_treebank_and_parses_text(toy_run, tmp_path, capsys):
+    run_dir, test_mrg = toy_run
+    out, scores = tmp_path / "out.trees", tmp_path / "scores.json"
+    args = ["parse", "--model", str(run_dir), "--treebank", str(test_mrg), "--output", str(out), "--beam", "3"]
+    assert main([*args, "--scores", str(scores)]) == 0
+    assert capsys.readouterr().out.startswith("F1 100.00  P 100.00  R 100.00  exact 100.00%  (30 sentences, 0 ")
+    info = json.loads(scores.read_text(encoding="utf-8"))
+    assert (info["f1"], info["exact_match"], info["repaired_share"], info["sentences"]) == (100.0, 100.0, 0.0, 30)
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 30
+    text = tmp_path / "in.txt"
+    text.write_text("Kim sees a big dog .\n\nthe cat sleeps .\n", encoding="utf-8")
+    assert main(["parse", "--model", str(run_dir), "--input", str(text), "--output", str(out), "--beam", "2"]) == 0
+    assert out.read_text(encoding="utf-8").splitlines() == [
+        "(S (NP (XX Kim)) (VP (XX sees) (NP (XX a) (XX big) (XX dog))) (XX .))",
+        "(TOP)",
+        "(S (NP (XX the) (XX cat)) (VP (XX sleeps)) (XX .))",
+    ]
+
+
+def test_attention_picture_of_a_parse(toy_run, tmp_path, capsys):
+    run_dir, _ = toy_run
+    png = tmp_path / "parse.png"
+    assert main(["attention", "--model", str(run_dir), "--src", "Kim sees a dog .", "--out", str(png)]) == 0
+    assert png.stat().st_size > 1000
+    expected = "(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S </s>"
+    assert capsys.readouterr().out.replace("▁", "").strip() == expected  # the target pieces, as drawn
+
+
+def test_baselines_from_the_command_line(toy_run, tmp_path, capsys):
+    _, test_mrg = toy_run
+    train_mrg = test_mrg.with_name("toy_train.mrg")
+    for baseline in ("pcfg", "right-branching"):
+        argv = ["parse", "--baseline", baseline, "--train", str(train_mrg), "--treebank", str(test_mrg),
+                "--output", str(tmp_path / f"{baseline}.trees")]  # fmt: skip
+        assert main(argv) == 0
+    pcfg_line, rb_line = capsys.readouterr().out.splitlines()
+    assert pcfg_line.startswith("F1 100.00")  # the toy grammar is a PCFG: Viterbi finds every tree
+    assert float(rb_line.split()[1]) < 100.0
+    assert main(["parse", "--baseline", "pcfg", "--treebank", str(test_mrg)]) == 2
+    assert "--baseline needs --train SPEC" in capsys.readouterr().err
+
+
+def test_parse_configuration_errors():
+    with pytest.raises(ConfigError, match="joint_vocab: parsing has a subword source"):
+        Config.from_dict({"data": {"task": "parse"}})
+    with pytest.raises(ConfigError, match="task: 'parsing' is not one of 'translate', 'parse'"):
+        Config.from_dict({"data": {"task": "parsing"}})
