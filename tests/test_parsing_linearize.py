@@ -63,6 +63,8 @@ def test_linearise_then_delinearise_is_the_identity_on_every_training_tree(closi
         # too few leaves: the missing words go into the innermost open bracket, which is then closed
         ("(S (NP XX XX )NP (VP XX", "(S (NP (XX The) (XX cat)) (VP (XX sat) (XX on) (XX it) (XX .)))",
          {"missing_leaves": 3, "unclosed": 2}),
+        # the tree closed too early: the missing words go at the end of it
+        ("(S (NP XX XX )NP )S", "(S (NP (XX The) (XX cat)) (XX sat) (XX on) (XX it) (XX .))", {"missing_leaves": 4}),
         # too many leaves: the extra ones are dropped
         ("(S (NP XX XX XX XX )NP (VP XX XX XX XX )VP )S",
          "(S (NP (XX The) (XX cat) (XX sat) (XX on)) (VP (XX it) (XX .)))", {"extra_leaves": 2}),

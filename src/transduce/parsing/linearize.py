@@ -57,7 +57,7 @@ class Repair:
     """What :func:`delinearise` mended; all zero for a well-formed output."""
 
     extra_leaves: int = 0  # leaves beyond the number of words, dropped
-    missing_leaves: int = 0  # words without a leaf, attached at the end
+    missing_leaves: int = 0  # words without a leaf, attached at the end (see delinearise)
     unmatched_closings: int = 0  # closing brackets with no open bracket, dropped
     mismatched_closings: int = 0  # ")NP" closing an open "(VP": closed as the open one
     unclosed: int = 0  # brackets still open at the end, closed there
@@ -79,11 +79,11 @@ def delinearise(tokens: list[str] | str, words: list[str]) -> tuple[Tree, Repair
     """A well-formed tree over ``words`` from decoder tokens, whatever they are.
 
     Leaves are matched to words one to one, in order: a leaf token (``XX`` or any token that is not a bracket) takes
-    the next word; leaves beyond the words are dropped; words left over are attached, in order, to the innermost
-    bracket still open at the end (or to the root). Closing brackets close the innermost open bracket, whatever
-    label they carry; one with nothing open is dropped; brackets still open at the end are closed. Constituents
-    without words are dropped. When the result is not a single constituent over all the words it goes under a
-    ``TOP`` root (which EVALB does not count).
+    the next word; leaves beyond the words are dropped; words left over are attached, in order, at the end of the
+    innermost bracket still open at the end, or of the output's one tree when it closed everything. Closing brackets
+    close the innermost open bracket, whatever label they carry; one with nothing open is dropped; brackets still
+    open at the end are closed. Constituents without words are dropped. When the result is not a single constituent
+    over all the words it goes under a ``TOP`` root (which EVALB does not count).
 
     Args:
         tokens: the decoder's tokens, or the same as one space-separated string.
@@ -124,7 +124,10 @@ def delinearise(tokens: list[str] | str, words: list[str]) -> tuple[Tree, Repair
             repair.extra_leaves += 1
     if used < len(words):
         repair.missing_leaves = len(words) - used
-        stack[-1].children.extend(Tree(PLACEHOLDER, [w]) for w in words[used:])
+        host = stack[-1]
+        if len(stack) == 1 and len(root.children) == 1 and not root.children[0].is_preterminal():  # type: ignore
+            host = root.children[0]  # type: ignore[assignment]  (the output closed its one tree too early)
+        host.children.extend(Tree(PLACEHOLDER, [w]) for w in words[used:])
     while len(stack) > 1:
         repair.unclosed += 1
         _close(stack, repair)
