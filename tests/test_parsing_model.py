@@ -134,10 +134,11 @@ def test_baselines_from_the_command_line(toy_run, tmp_path, capsys):
     for baseline in ("pcfg", "right-branching"):
         argv = ["parse", "--baseline", baseline, "--train", str(train_mrg), "--treebank", str(test_mrg),
                 "--output", str(tmp_path / f"{baseline}.trees")]  # fmt: skip
-        assert main(argv) == 0
-    pcfg_line, rb_line = capsys.readouterr().out.splitlines()
+        assert main([*argv, "--unlabelled"]) == 0
+    pcfg_line, pcfg_unlabelled, rb_line, rb_unlabelled = capsys.readouterr().out.splitlines()
     assert pcfg_line.startswith("F1 100.00")  # the toy grammar is a PCFG: Viterbi finds every tree
-    assert float(rb_line.split()[1]) < 100.0
+    assert pcfg_unlabelled.startswith("unlabelled: F1 100.00")
+    assert float(rb_line.split()[1]) < float(rb_unlabelled.split()[2]) < 100.0
     assert main(["parse", "--baseline", "pcfg", "--treebank", str(test_mrg)]) == 2
     assert "--baseline needs --train SPEC" in capsys.readouterr().err
 

@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--treebank", metavar="SPEC", help="parse the words of these trees and score the parses")
     parser.add_argument("--output", default="-", metavar="FILE", help="trees, one per line (default: stdout)")
     parser.add_argument("--scores", metavar="FILE.json", help="with --treebank: write the scores as JSON")
+    parser.add_argument("--unlabelled", action="store_true", help="with --treebank: also print unlabelled scores")
     parser.add_argument("--run-decoding", action="store_true", help="decode with the run's config, not the paper's")
     g = parser.add_argument_group("baselines (instead of --model)")
     g.add_argument("--baseline", choices=BASELINES, help="a treebank PCFG (Viterbi CKY) or right-branching trees")
@@ -83,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if gold is not None:
         score = evalb(gold, trees, repaired=repaired)
         print(score.summary())
+        if args.unlabelled:
+            from dataclasses import replace
+
+            from transduce.parsing.evalb import COLLINS
+
+            print("unlabelled:", evalb(gold, trees, replace(COLLINS, labelled=False), repaired=repaired).summary())
         if args.scores:
             info = {**score.to_dict(), "treebank": args.treebank, "seconds": round(seconds, 1),
                     "parser": args.baseline or args.model}  # fmt: skip
