@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--treebank", metavar="SPEC", help="parse the words of these trees and score the parses")
     parser.add_argument("--output", default="-", metavar="FILE", help="trees, one per line (default: stdout)")
     parser.add_argument("--scores", metavar="FILE.json", help="with --treebank: write the scores as JSON")
+    parser.add_argument(
+        "--first-best", action="store_true",
+        help="the beam's best output, repaired if need be (default: its best well-formed output, if it has one)",
+    )  # fmt: skip
     parser.add_argument("--unlabelled", action="store_true", help="with --treebank: also print unlabelled scores")
     parser.add_argument("--run-decoding", action="store_true", help="decode with the run's config, not the paper's")
     g = parser.add_argument_group("baselines (instead of --model)")
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
         parser = Parser(Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens))
         base = parser.translator.decode if args.run_decoding else PAPER_DECODE
-        results = parser.parse(sentences, decode_config(args, base))
+        results = parser.parse(sentences, decode_config(args, base), well_formed=not args.first_best)
         trees, repaired = [r.tree for r in results], [r.repair.needed for r in results]
     seconds = time.perf_counter() - started
     with _open_output(args.output) as out:

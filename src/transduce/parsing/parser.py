@@ -59,10 +59,29 @@ class Parser:
     def decode(self) -> DecodeConfig:
         return self.translator.decode
 
-    def parse(self, sentences: Sequence[Sequence[str]], decode: DecodeConfig | None = None) -> list[ParseResult]:
-        """Parse tokenised sentences (lists of words), in input order; an empty sentence gives an empty tree."""
-        outputs = self.translator.translate([" ".join(words) for words in sentences], decode=decode)
-        return [_result(list(words), out) for words, out in zip(sentences, outputs)]
+    def parse(
+        self, sentences: Sequence[Sequence[str]], decode: DecodeConfig | None = None, *, well_formed: bool = True
+    ) -> list[ParseResult]:
+        """Parse tokenised sentences (lists of words), in input order; an empty sentence gives an empty tree.
+
+        Args:
+            sentences: the words of each sentence.
+            decode: the search (default: the parser's, :data:`PAPER_DECODE` from :meth:`load`).
+            well_formed: take, among the beam's finished hypotheses (best first), the first one that is a
+                well-formed tree over exactly the sentence's words (one leaf per word, balanced and matching
+                brackets); the best one, repaired, when there is none. ``False``: always the best one.
+        """
+        cfg = decode or self.decode
+        texts = [" ".join(words) for words in sentences]
+        if not well_formed or cfg.sampling:
+            outputs = self.translator.translate(texts, decode=cfg)
+            return [_result(list(words), out) for words, out in zip(sentences, outputs)]
+        nbest = self.translator.translate_nbest(texts, nbest=cfg.beam, decode=cfg)
+        results = []
+        for words, hyps in zip(sentences, nbest):
+            candidates = [_result(list(words), h.text) for h in hyps]
+            results.append(next((r for r in candidates if not r.repair.needed), candidates[0]))
+        return results
 
     def parse_lines(self, lines: Sequence[str], decode: DecodeConfig | None = None) -> list[ParseResult]:
         """Parse sentences given as text, words separated by whitespace."""
