@@ -148,3 +148,37 @@ def test_parse_configuration_errors():
         Config.from_dict({"data": {"task": "parse"}})
     with pytest.raises(ConfigError, match="task: 'parsing' is not one of 'translate', 'parse'"):
         Config.from_dict({"data": {"task": "parsing"}})
+
+
+class _NbestTranslator:
+    """A stand-in translator whose beam returns fixed hypotheses, best first."""
+
+    def __init__(self, texts: list[str]) -> None:
+        from types import SimpleNamespace
+
+        from transduce.translate import Translation
+
+        self.hyps = [Translation(t, -float(i), -float(i)) for i, t in enumerate(texts)]
+        self.decode = PAPER_DECODE
+        self.model = SimpleNamespace(config=SimpleNamespace(tgt_vocab_size=3))
+        self.tokenizer = SimpleNamespace(tgt_pieces=lambda ids: ["(S", ")S", "XX"])
+
+    def translate_nbest(self, texts, *, nbest, decode):
+        assert nbest == decode.beam == 21
+        return [self.hyps[:nbest] for _ in texts]
+
+    def translate(self, texts, *, decode):
+        return [self.hyps[0].text for _ in texts]
+
+
+def test_parse_takes_the_best_well_formed_hypothesis_of_the_beam():
+    words = ["Kim", "sleeps", "."]
+    beam = ["(S (NP XX )NP XX )S", "(S (NP XX )NP (VP XX )VP XX )S", "(S XX XX XX )S"]
+    parser = Parser(_NbestTranslator(beam))  # type: ignore[arg-type]
+    (result,) = parser.parse([words])
+    assert result.output == beam[1] and not result.repair.needed
+    (first,) = parser.parse([words], well_formed=False)
+    assert first.output == beam[0] and first.repair.missing_leaves == 1
+    assert first.tree.to_string() == "(S (NP (XX Kim)) (XX sleeps) (XX .))"
+    (fallback,) = Parser(_NbestTranslator(beam[:1])).parse([words])  # type: ignore[arg-type]
+    assert fallback.output == beam[0] and fallback.repair.needed
