@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "download": ("download", "fetch a public dataset's raw files (Multi30k)"),
     "translate": ("translate", "translate raw text with a trained model (stdin to stdout by default)"),
     "evaluate": ("evaluate", "translate a test set and score it with sacreBLEU (BLEU, chrF)"),
+    "parse": ("parse", "parse sentences into constituency trees (data.task: parse) and score them (EVALB)"),
     "attention": ("attention", "draw attention heatmaps of one sentence pair (PNG)"),
     "report": ("report", "score a run on its test sets (both BLEU conventions) and write report.html"),
     "export": ("export", "write a model as a Hugging Face Marian or a CTranslate2 model directory"),

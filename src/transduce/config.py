@@ -297,6 +297,11 @@ class DataConfig(_Section):
     dedup: bool = False  # drop exact duplicate training pairs
     skip_invalid_utf8: bool = False  # skip (and count) pairs with bytes that are not UTF-8 instead of failing
     workers: int = 0  # encoding processes; 0: all cores
+    # translate: the corpora are parallel text; parse: they are treebanks (.mrg file, directory or archive, with an
+    # optional :FIRST-LAST range of file names) turned into (words, linearised tree) pairs (transduce.parsing)
+    task: str = "translate"
+    tree_leaves: str = "xx"  # parse: each word is XX in the linearised tree (xx) or itself (word)
+    tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
 
     def __post_init__(self) -> None:
         for where, corpus in [("train", self.train), ("valid", self.valid)] + [
@@ -308,6 +313,12 @@ class DataConfig(_Section):
             value = getattr(self, name)
             if "" in value.split("."):
                 raise ConfigError(f"{name}: must name a field (a, or a.b for a nested one), got {value!r}")
+        _check_choice("task", self.task, ("translate", "parse"))
+        _check_choice("tree_leaves", self.tree_leaves, ("xx", "word"))
+        _check_choice("tree_closing", self.tree_closing, ("labelled", "bare"))
+        if self.task == "parse" and self.joint_vocab:
+            raise ConfigError("joint_vocab: parsing has a subword source and a closed target vocabulary; set "
+                              "joint_vocab: false")  # fmt: skip
         _check_choice("vocab_type", self.vocab_type, ("bpe", "unigram"))
         _check_positive("vocab_size", self.vocab_size)
         _check_positive("max_len", self.max_len)

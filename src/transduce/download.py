@@ -28,7 +28,7 @@ MULTI30K_SPLITS = {
     "test_2017_flickr": ("en", "de", "fr"),
     "test_2017_mscoco": ("en", "de", "fr"),
 }
-DATASETS = ("multi30k",)
+DATASETS = ("multi30k", "ptb-sample")
 
 
 class DownloadError(TransduceError):
@@ -88,6 +88,12 @@ def download(
     """
     if dataset not in DATASETS:
         raise DownloadError(f"unknown dataset {dataset!r} (valid: {', '.join(DATASETS)})")
+    if dataset == "ptb-sample":  # NLTK's Penn Treebank sample, for data.task: parse
+        from transduce.parsing.download import download_ptb_sample
+
+        if langs:
+            raise DownloadError("ptb-sample is English only: no languages to choose")
+        return download_ptb_sample(directory, base_url=base_url, force=force)
     directory = Path(directory)
     base = (base_url or MULTI30K_URL).rstrip("/")
     paths = []

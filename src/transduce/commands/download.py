@@ -1,20 +1,24 @@
 """Download a public dataset's raw files, e.g. `transduce download multi30k data/multi30k --langs en,de`.
 
 Files land as `train.en.gz`, `val.de.gz`, `test_2016_flickr.en.gz`, ... ready for `transduce prepare` or the
-recipes in configs/. Existing files are kept (use --force to fetch again)."""
+recipes in configs/. Existing files are kept (use --force to fetch again). `transduce download ptb-sample DIR`
+fetches NLTK's Penn Treebank sample (DIR/treebank.zip, unpacked into DIR/treebank/combined/) for parsing."""
 
 from __future__ import annotations
 
 import argparse
 
 from transduce.download import DATASETS, MULTI30K_URL, download
+from transduce.parsing.download import NLTK_DATA_URL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", choices=DATASETS)
     p.add_argument("directory", help="where the files go")
     p.add_argument("--langs", default="", help="comma-separated languages (default: all)")
-    p.add_argument("--base-url", default=MULTI30K_URL, help="where the raw files are served (default: %(default)s)")
+    p.add_argument(
+        "--base-url", help=f"where the raw files are served (default: {MULTI30K_URL}; ptb-sample: {NLTK_DATA_URL})"
+    )
     p.add_argument("--force", action="store_true", help="fetch files that are already there again")
 
 

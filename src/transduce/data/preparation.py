@@ -86,6 +86,9 @@ _OPTION_KEYS = (
 def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
     """Prepare the corpora of ``cfg`` into ``out_dir`` (see the module docstring).
 
+    With ``data.task: parse`` the corpora are treebanks, first turned into text pairs
+    (:func:`transduce.parsing.prepare.prepare_treebank`).
+
     Args:
         cfg: the data section of the configuration (``train`` is required).
         out_dir: the prepared directory to create.
@@ -98,10 +101,20 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
         DataError: bad input (missing files, unequal line counts, invalid UTF-8, an empty corpus, an unusable
             vocabulary size) or an ``out_dir`` that cannot be replaced safely.
     """
+    if cfg.task == "parse":
+        from transduce.parsing.prepare import prepare_treebank
+
+        return prepare_treebank(cfg, out_dir, force=force, prepare_text=_prepare_text)
+    return _prepare_text(cfg, out_dir, force=force)
+
+
+def _prepare_text(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     out_dir = Path(out_dir)
     corpora = _corpora(cfg)
     options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
+    if cfg.task != "translate":  # (only then, so that earlier translation preparations are still reused)
+        options.update(task=cfg.task, tree_leaves=cfg.tree_leaves, tree_closing=cfg.tree_closing)
     inputs = {split: _describe(corpus) for split, corpus in corpora.items()}
     existing = _existing_manifest(out_dir)
     if existing is not None and not force:
@@ -220,6 +233,10 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
         raise DataError(f"{corpus}: no sentence pairs with text on both sides ({where})")
     log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
     rng.shuffle(sample)
+    if cfg.task == "parse":
+        from transduce.parsing.prepare import train_vocabulary
+
+        return train_vocabulary(tmp, sample, cfg, threads=workers)
     options = dict(
         vocab_size=cfg.vocab_size,
         vocab_type=cfg.vocab_type,

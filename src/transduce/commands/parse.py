@@ -1,0 +1,118 @@
+"""Parse sentences into constituency trees with a model trained with data.task: parse (or a baseline), and score
+the trees against a treebank with EVALB's labelled bracketing (COLLINS.prm).
+
+Examples:
+  transduce parse --model runs/ptb_parse < sentences.txt > trees.txt        # one tokenised sentence per line
+  transduce parse --model runs/ptb_parse --treebank ptb/wsj.mrg.tar.gz:wsj_0140-wsj_0169 --output dev.trees
+  transduce parse --baseline pcfg --train ptb/wsj.mrg.tar.gz:wsj_0001-wsj_0139 --treebank ptb/...:wsj_0140-wsj_0169
+
+Input sentences are tokenised as the treebank is (Penn Treebank tokens separated by spaces). With --treebank the
+words of its trees are parsed, and precision, recall, F1, exact match and the share of outputs that needed repair are
+printed (and written to --scores as JSON). Every output is a well-formed tree over exactly the input words; its part-
+of-speech tags are XX. Decoding defaults to the paper's search for parsing (beam 21, GNMT length penalty 0.3,
+maximum length input + 300); --run-decoding takes the run's decode config instead, and options override either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from transduce.commands.translate import _open_output, add_model_arguments, decode_config
+
+log = logging.getLogger(__name__)
+
+BASELINES = ("pcfg", "right-branching")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    for action in parser._actions:  # --model is not needed for a baseline
+        if action.dest == "model":
+            action.required = False
+    parser.add_argument("--input", default="-", metavar="FILE", help="sentences, one per line (default: stdin)")
+    parser.add_argument("--treebank", metavar="SPEC", help="parse the words of these trees and score the parses")
+    parser.add_argument("--output", default="-", metavar="FILE", help="trees, one per line (default: stdout)")
+    parser.add_argument("--scores", metavar="FILE.json", help="with --treebank: write the scores as JSON")
+    parser.add_argument(
+        "--first-best", action="store_true",
+        help="the beam's best output, repaired if need be (default: its best well-formed output, if it has one)",
+    )  # fmt: skip
+    parser.add_argument("--unlabelled", action="store_true", help="with --treebank: also print unlabelled scores")
+    parser.add_argument("--run-decoding", action="store_true", help="decode with the run's config, not the paper's")
+    g = parser.add_argument_group("baselines (instead of --model)")
+    g.add_argument("--baseline", choices=BASELINES, help="a treebank PCFG (Viterbi CKY) or right-branching trees")
+    g.add_argument("--train", metavar="SPEC", help="the training treebank the baseline is read from")
+    g.add_argument("--markov", type=int, default=2, help="PCFG: horizontal Markov order of binarisation")
+    g.add_argument("--parent", action="store_true", help="PCFG: parent annotation")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from transduce.errors import TransduceError
+    from transduce.parsing.evalb import evalb
+    from transduce.parsing.trees import read_treebank
+    from transduce.textio import read_lines
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gold = read_treebank(args.treebank) if args.treebank else None
+    if gold is not None:
+        sentences = [tree.words() for tree in gold]
+    else:
+        sentences = [line.split() for _, line in read_lines(args.input)]
+    started = time.perf_counter()
+    if args.baseline:
+        if not args.train:
+            raise TransduceError("--baseline needs --train SPEC (the treebank to read it from)")
+        trees, repaired = _baseline(args, read_treebank(args.train), sentences), None
+    else:
+        if not args.model:
+            raise TransduceError("give --model RUN_DIR (a model trained with data.task: parse) or --baseline")
+        from transduce.parsing.parser import PAPER_DECODE, Parser
+        from transduce.translate import Translator
+
+        parser = Parser(Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens))
+        base = parser.translator.decode if args.run_decoding else PAPER_DECODE
+        results = parser.parse(sentences, decode_config(args, base), well_formed=not args.first_best)
+        trees, repaired = [r.tree for r in results], [r.repair.needed for r in results]
+    seconds = time.perf_counter() - started
+    with _open_output(args.output) as out:
+        for tree in trees:
+            out.write(tree.to_string() + "\n")
+    log.info("parsed %d sentences in %.1f s", len(trees), seconds)
+    if gold is not None:
+        score = evalb(gold, trees, repaired=repaired)
+        print(score.summary())
+        if args.unlabelled:
+            from dataclasses import replace
+
+            from transduce.parsing.evalb import COLLINS
+
+            print("unlabelled:", evalb(gold, trees, replace(COLLINS, labelled=False), repaired=repaired).summary())
+        if args.scores:
+            info = {**score.to_dict(), "treebank": args.treebank, "seconds": round(seconds, 1),
+                    "parser": args.baseline or args.model}  # fmt: skip
+            Path(args.scores).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _baseline(args: argparse.Namespace, train, sentences):
+    from transduce.parsing.pcfg import PCFG, right_branching, right_branching_labels
+
+    if args.baseline == "right-branching":
+        root, label = right_branching_labels(train)
+        return [right_branching(words, root, label) for words in sentences]
+    grammar = PCFG.train(train, markov=args.markov, parent=args.parent)
+    trees = []
+    for i, words in enumerate(sentences):
+        trees.append(grammar.parse(words))
+        if (i + 1) % 50 == 0:
+            log.info("PCFG: %d of %d sentences parsed", i + 1, len(sentences))
+    if grammar.failures:
+        log.warning("PCFG: %d sentences had no parse under the grammar (flat trees given)", grammar.failures)
+    return trees

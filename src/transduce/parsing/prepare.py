@@ -1,0 +1,152 @@
+"""Preparing a treebank for training: trees -> (words, linearised tree) pairs -> the usual prepared directory.
+
+With ``data.task: parse`` the corpus prefixes of the data section name treebanks (see
+:func:`transduce.parsing.trees.read_treebank`: a ``.mrg`` file, a directory, an archive, with an optional
+``:FIRST-LAST`` range of file names). :func:`treebank_text` writes each split as a pair of text files, the words
+(``PREFIX.<src_lang>``) and the linearised tree (``PREFIX.<tgt_lang>``), and ``transduce prepare`` goes on as for
+translation. The vocabularies differ: the source is SentencePiece subwords of ``data.vocab_size`` pieces; the
+target is a closed set of whole tokens (``(NP``, ``)NP``, ``XX``), one id each, made by :func:`train_vocabulary`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+
+from transduce.config import DataConfig
+from transduce.data.binary import MANIFEST_FILE
+from transduce.data.output import write_json
+from transduce.parsing.linearize import linearise
+from transduce.parsing.trees import read_treebank, split_spec
+from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
+from transduce.tokenizer import SRC_MODEL, TGT_MODEL, TOKENIZER_FILE, Tokenizer, _train_one
+
+log = logging.getLogger(__name__)
+
+TEXT_DIR = "text"  # the sub-directory of a prepared directory that keeps the text made from the treebanks
+
+
+def split_name(spec: str) -> str:
+    """A file-name-safe name for a test treebank: ``dir/wsj.mrg.tar.gz:wsj_0140-wsj_0169`` -> ``wsj_0140-wsj_0169``
+    (the range when there is one, else the file name without extensions)."""
+    path, first, last = split_spec(spec)
+    name = f"{first}-{last}" if first or last else path.name.split(".")[0]
+    return re.sub(r"[^\w.-]+", "_", name) or "test"
+
+
+def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
+    """Write the (words, linearised tree) text pair of every treebank of ``cfg`` into ``directory``.
+
+    Returns:
+        ``cfg`` with ``train``, ``valid`` and ``test`` pointing at the written text (``directory/train`` and so on).
+
+    Raises:
+        DataError: a treebank cannot be read (see :func:`read_treebank`).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    splits = {"train": cfg.train}
+    if cfg.valid:
+        splits["valid"] = cfg.valid
+    for spec in cfg.test:
+        splits[split_name(spec)] = spec
+    prefixes = {}
+    for name, spec in splits.items():
+        trees = read_treebank(spec)
+        src = [" ".join(tree.words()) for tree in trees]
+        tgt = [" ".join(linearise(tree, leaves=cfg.tree_leaves, closing=cfg.tree_closing)) for tree in trees]
+        prefix = directory / name
+        for lang, lines in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
+            Path(f"{prefix}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        log.info("%s: %d trees from %s", name, len(trees), spec)
+        prefixes[name] = str(prefix)
+    tests = [prefixes[split_name(spec)] for spec in cfg.test]
+    return cfg.replace(train=prefixes["train"], valid=prefixes.get("valid", ""), test=tests)
+
+
+def train_vocabulary(
+    directory: str | Path, pairs: Iterable[tuple[str, str]], cfg: DataConfig, *, threads: int = 1
+) -> Tokenizer:
+    """Source subwords and whole-token target vocabulary for parsing, written with ``tokenizer.json``.
+
+    Args:
+        directory: where the model files go.
+        pairs: (words, linearised tree) training pairs (a sample is enough for the source; the target vocabulary
+            must see every token, so pass them all: a treebank is small).
+        cfg: the data section (``vocab_size``, ``vocab_type``, ``lowercase``, ``character_coverage``).
+        threads: SentencePiece training threads.
+
+    Returns:
+        The tokenizer (separate source and target models).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    pairs = list(pairs)
+    lower = (lambda s: s.lower()) if cfg.lowercase else (lambda s: s)
+    _train_one(directory / SRC_MODEL, (lower(s) for s, _ in pairs), "source", vocab_size=cfg.vocab_size,
+               vocab_type=cfg.vocab_type, coverage=cfg.character_coverage, threads=threads)  # fmt: skip
+    # the target: one piece per distinct token; no byte pieces (a token never seen in training is <unk>)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([lower(t) for _, t in pairs]),
+        model_prefix=str((directory / TGT_MODEL).with_suffix("")),
+        model_type="word",
+        vocab_size=1_000_000,
+        hard_vocab_limit=False,  # as many pieces as there are distinct tokens
+        character_coverage=1.0,
+        split_by_whitespace=True,
+        max_sentencepiece_length=64,
+        pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        pad_piece=PAD, bos_piece=BOS, eos_piece=EOS, unk_piece=UNK,
+        input_sentence_size=0, num_threads=max(1, threads), minloglevel=2,
+    )  # fmt: skip
+    meta = {
+        "joint": False,
+        "lowercase": cfg.lowercase,
+        "vocab_type": cfg.vocab_type,
+        "tgt_vocab_type": "word",
+        "files": {"src": SRC_MODEL, "tgt": TGT_MODEL},
+        "special_ids": dict(SPECIAL_IDS),
+    }
+    tok = Tokenizer.load_files(directory, meta)
+    meta.update(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
+    (directory / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    log.info("parsing vocabularies: %d source subwords, %d target tokens", tok.src_vocab_size, tok.tgt_vocab_size)
+    return tok
+
+
+def prepare_treebank(
+    cfg: DataConfig, out_dir: str | Path, *, force: bool, prepare_text: Callable[..., dict[str, Any]]
+) -> dict[str, Any]:
+    """``transduce prepare`` for treebanks: the text pairs are made in a temporary directory, prepared by
+    ``prepare_text`` (the translation path) and kept in ``out_dir/text``; the manifest records the treebanks.
+
+    Returns:
+        The manifest.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.text-", dir=out_dir.parent))
+    try:
+        text_cfg = treebank_text(cfg, tmp)
+        manifest = prepare_text(text_cfg, out_dir, force=force)
+        if "treebanks" not in manifest:  # made now, not reused: keep the text beside the binaries
+            text_dir = out_dir / TEXT_DIR
+            shutil.rmtree(text_dir, ignore_errors=True)
+            shutil.copytree(tmp, text_dir)
+            for sides in manifest["inputs"].values():
+                for info in sides.values():
+                    info["path"] = str((text_dir / Path(info["path"]).name).resolve())
+            specs = {"train": cfg.train, "valid": cfg.valid, **{split_name(t): t for t in cfg.test}}
+            manifest["treebanks"] = {split: spec for split, spec in specs.items() if spec}
+            write_json(out_dir / MANIFEST_FILE, manifest)
+        return manifest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,184 @@
+"""Parsing through the normal path: a treebank prepared with data.task: parse, a tiny model trained in seconds on a
+toy grammar, then `transduce parse` (library and command line) and the attention picture of a parse."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from transduce.cli import main
+from transduce.config import Config, ConfigError
+from transduce.parsing.parser import PAPER_DECODE, Parser
+from transduce.parsing.trees import Tree, read_treebank
+
+LEXICON = {
+    "DT": ["the", "a"], "NN": ["cat", "dog", "mat", "hat"], "JJ": ["big", "red"], "NNP": ["Kim", "Lee"],
+    "VBZ": ["sees", "likes", "sleeps"], "IN": ["on", "with"],
+}  # fmt: skip
+
+
+def _np(rng: random.Random) -> str:
+    word = lambda tag: f"({tag} {rng.choice(LEXICON[tag])})"  # noqa: E731
+    kind = rng.randrange(3)
+    if kind == 0:
+        return f"(NP {word('DT')} {word('NN')})"
+    if kind == 1:
+        return f"(NP {word('DT')} {word('JJ')} {word('NN')})"
+    return f"(NP {word('NNP')})"
+
+
+def toy_tree(rng: random.Random) -> str:
+    """S -> NP VP; VP -> VBZ | VBZ NP | VBZ NP PP; PP -> IN NP: the structure follows from the words."""
+    verb = f"(VBZ {rng.choice(LEXICON['VBZ'])})"
+    kind = rng.randrange(3)
+    vp = {0: verb, 1: f"{verb} {_np(rng)}", 2: f"{verb} {_np(rng)} (PP (IN {rng.choice(LEXICON['IN'])}) {_np(rng)})"}
+    return f"( (S {_np(rng)} (VP {vp[kind]}) (. .)) )"
+
+
+def write_toy_treebank(directory: Path) -> tuple[Path, Path]:
+    rng = random.Random(0)
+    directory.mkdir(parents=True, exist_ok=True)
+    train, test = directory / "toy_train.mrg", directory / "toy_test.mrg"
+    train.write_text("\n".join(toy_tree(rng) for _ in range(1000)) + "\n", encoding="utf-8")
+    test.write_text("\n".join(toy_tree(rng) for _ in range(30)) + "\n", encoding="utf-8")
+    return train, test
+
+
+def toy_parse_config(train: Path, test: Path, run_dir: Path) -> Config:
+    root = Path(__file__).resolve().parents[1]
+    overrides = [
+        "data.task=parse", "data.src_lang=words", "data.tgt_lang=tree", "data.joint_vocab=false",
+        "data.tree_leaves=word",  # the decoder copies the words: a tiny model learns to place the brackets quickly
+        f"data.train={train}", f"data.valid={test}", "data.vocab_size=290", f"train.run_dir={run_dir}",
+        "model.d_model=64", "model.d_ff=128", "model.dropout=0.1", "train.max_steps=800", "train.max_tokens=1024",
+        "train.peak_lr=5.0e-3", "train.warmup_steps=40", "train.schedule=cosine",
+        "train.valid_every=0", "train.log_every=50",
+        "train.valid_bleu=false", "decode.max_len_b=40",
+    ]  # fmt: skip
+    return Config.load(root / "configs" / "toy.yaml", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from transduce.train import train
+
+    directory = tmp_path_factory.mktemp("toy_parse")
+    train_mrg, test_mrg = write_toy_treebank(directory / "treebank")
+    run_dir = directory / "run"
+    outcome = train(toy_parse_config(train_mrg, test_mrg, run_dir))
+    assert outcome.exit_code == 0
+    return run_dir, test_mrg
+
+
+def test_prepared_treebank_keeps_its_text_and_a_closed_target_vocabulary(toy_run):
+    run_dir, _ = toy_run
+    manifest = json.loads((run_dir / "data" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["options"]["task"] == "parse" and manifest["treebanks"]["train"].endswith("toy_train.mrg")
+    assert manifest["splits"]["train"]["pairs"] == 1000
+    lines = (run_dir / "data" / "text" / "train.tree").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("(S (NP ") and lines[0].endswith(" . )S")
+    vocab = json.loads((run_dir / "data" / "tokenizer.json").read_text(encoding="utf-8"))
+    # 4 special ids + (S )S (NP )NP (VP )VP (PP )PP + the 15 words of the lexicon and "."
+    assert (vocab["joint"], vocab["tgt_vocab_type"], vocab["tgt_vocab_size"]) == (False, "word", 28)
+
+
+def test_a_tiny_model_parses_the_toy_grammar_exactly(toy_run):
+    run_dir, test_mrg = toy_run
+    gold = read_treebank(test_mrg)
+    parser = Parser.load(run_dir)
+    assert parser.decode == PAPER_DECODE
+    results = parser.parse([t.words() for t in gold], PAPER_DECODE.replace(beam=4))
+    strip = lambda t: t.to_string().replace("(XX ", "(")  # noqa: E731
+    for tree, result in zip(gold, results):
+        expected = Tree(tree.label, tree.children)
+        for node in expected.subtrees():
+            if node.is_preterminal():
+                node.label = "XX"
+        assert strip(result.tree) == strip(expected) and not result.repair.needed
+
+
+def test_parse_command_scores_a_treebank_and_parses_text(toy_run, tmp_path, capsys):
+    run_dir, test_mrg = toy_run
+    out, scores = tmp_path / "out.trees", tmp_path / "scores.json"
+    args = ["parse", "--model", str(run_dir), "--treebank", str(test_mrg), "--output", str(out), "--beam", "3"]
+    assert main([*args, "--scores", str(scores)]) == 0
+    assert capsys.readouterr().out.startswith("F1 100.00  P 100.00  R 100.00  exact 100.00%  (30 sentences, 0 ")
+    info = json.loads(scores.read_text(encoding="utf-8"))
+    assert (info["f1"], info["exact_match"], info["repaired_share"], info["sentences"]) == (100.0, 100.0, 0.0, 30)
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 30
+    text = tmp_path / "in.txt"
+    text.write_text("Kim sees a big dog .\n\nthe cat sleeps .\n", encoding="utf-8")
+    assert main(["parse", "--model", str(run_dir), "--input", str(text), "--output", str(out), "--beam", "2"]) == 0
+    assert out.read_text(encoding="utf-8").splitlines() == [
+        "(S (NP (XX Kim)) (VP (XX sees) (NP (XX a) (XX big) (XX dog))) (XX .))",
+        "(TOP)",
+        "(S (NP (XX the) (XX cat)) (VP (XX sleeps)) (XX .))",
+    ]
+
+
+def test_attention_picture_of_a_parse(toy_run, tmp_path, capsys):
+    run_dir, _ = toy_run
+    png = tmp_path / "parse.png"
+    assert main(["attention", "--model", str(run_dir), "--src", "Kim sees a dog .", "--out", str(png)]) == 0
+    assert png.stat().st_size > 1000
+    expected = "(S (NP Kim )NP (VP sees (NP a dog )NP )VP . )S </s>"
+    assert capsys.readouterr().out.replace("▁", "").strip() == expected  # the target pieces, as drawn
+
+
+def test_baselines_from_the_command_line(toy_run, tmp_path, capsys):
+    _, test_mrg = toy_run
+    train_mrg = test_mrg.with_name("toy_train.mrg")
+    for baseline in ("pcfg", "right-branching"):
+        argv = ["parse", "--baseline", baseline, "--train", str(train_mrg), "--treebank", str(test_mrg),
+                "--output", str(tmp_path / f"{baseline}.trees")]  # fmt: skip
+        assert main([*argv, "--unlabelled"]) == 0
+    pcfg_line, pcfg_unlabelled, rb_line, rb_unlabelled = capsys.readouterr().out.splitlines()
+    assert pcfg_line.startswith("F1 100.00")  # the toy grammar is a PCFG: Viterbi finds every tree
+    assert pcfg_unlabelled.startswith("unlabelled: F1 100.00")
+    assert float(rb_line.split()[1]) < float(rb_unlabelled.split()[2]) < 100.0
+    assert main(["parse", "--baseline", "pcfg", "--treebank", str(test_mrg)]) == 2
+    assert "--baseline needs --train SPEC" in capsys.readouterr().err
+
+
+def test_parse_configuration_errors():
+    with pytest.raises(ConfigError, match="joint_vocab: parsing has a subword source"):
+        Config.from_dict({"data": {"task": "parse"}})
+    with pytest.raises(ConfigError, match="task: 'parsing' is not one of 'translate', 'parse'"):
+        Config.from_dict({"data": {"task": "parsing"}})
+
+
+class _NbestTranslator:
+    """A stand-in translator whose beam returns fixed hypotheses, best first."""
+
+    def __init__(self, texts: list[str]) -> None:
+        from types import SimpleNamespace
+
+        from transduce.translate import Translation
+
+        self.hyps = [Translation(t, -float(i), -float(i)) for i, t in enumerate(texts)]
+        self.decode = PAPER_DECODE
+        self.model = SimpleNamespace(config=SimpleNamespace(tgt_vocab_size=3))
+        self.tokenizer = SimpleNamespace(tgt_pieces=lambda ids: ["(S", ")S", "XX"])
+
+    def translate_nbest(self, texts, *, nbest, decode):
+        assert nbest == decode.beam == 21
+        return [self.hyps[:nbest] for _ in texts]
+
+    def translate(self, texts, *, decode):
+        return [self.hyps[0].text for _ in texts]
+
+
+def test_parse_takes_the_best_well_formed_hypothesis_of_the_beam():
+    words = ["Kim", "sleeps", "."]
+    beam = ["(S (NP XX )NP XX )S", "(S (NP XX )NP (VP XX )VP XX )S", "(S XX XX XX )S"]
+    parser = Parser(_NbestTranslator(beam))  # type: ignore[arg-type]
+    (result,) = parser.parse([words])
+    assert result.output == beam[1] and not result.repair.needed
+    (first,) = parser.parse([words], well_formed=False)
+    assert first.output == beam[0] and first.repair.missing_leaves == 1
+    assert first.tree.to_string() == "(S (NP (XX Kim)) (XX sleeps) (XX .))"
+    (fallback,) = Parser(_NbestTranslator(beam[:1])).parse([words])  # type: ignore[arg-type]
+    assert fallback.output == beam[0] and fallback.repair.needed
