@@ -5,6 +5,9 @@ Examples:
   transduce train configs/toy.yaml train.max_steps=2000 model.dropout=0.2 train.precision=bf16
   transduce train --resume runs/toy                          # continue exactly where it stopped
   transduce train --resume runs/toy train.max_steps=50000    # ... with a later end
+  transduce train configs/finetune.yaml --init-from models/opus-mt-en-de    # fine-tune a pretrained model
+  transduce train configs/finetune.yaml --init-from runs/multi30k_en_de train.extend_vocab=2000 \
+      train.freeze_embeddings=true data.mix=../shared/data/multi30k/train data.mix_share=0.2
 
 Data parallelism (DDP; the same command on every node, one process per GPU, or per CPU socket with gloo):
   torchrun --nproc_per_node 8 -m transduce.cli train configs/example.yaml
@@ -39,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", metavar="CONFIG.yaml", help="the run configuration")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides (train.max_steps=100)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument(
+        "--init-from", metavar="PATH",
+        help="start from a pretrained model (run directory, checkpoint or Hugging Face Marian directory): its "
+        "architecture, vocabulary and weights; the same as train.init_from=PATH (docs/finetune.md)",
+    )  # fmt: skip
     parser.epilog = "train.* keys (default  # meaning):\n" + _field_docs(TrainConfig)
 
 
@@ -46,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     from transduce.train import TrainingError, train
 
     overrides = list(args.overrides)
+    if args.init_from:
+        if args.resume:
+            raise TrainingError("--init-from starts a new run; --resume continues one (it keeps its train.init_from)")
+        overrides.append(f"train.init_from={args.init_from}")
     if args.resume:
         if args.config:  # argparse puts the first KEY=VALUE into CONFIG when --resume is used
             if "=" not in args.config:

@@ -57,11 +57,13 @@ from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
 from transduce.textio import iter_raw_pairs, line_count_error, resolve_corpus_file, scan_text, sha256_file
 from transduce.tokenizer import Tokenizer
+from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "transduce-prepared", 1
 CHUNK_PAIRS = 8192  # raw pairs per worker task
+MIX_SPLIT = "mix"  # the split of data.mix, the corpus mixed into training batches
 SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
 # DataConfig fields that change the prepared output (workers and paths do not)
 _OPTION_KEYS = (
@@ -80,13 +82,18 @@ _OPTION_KEYS = (
 )
 
 
-def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+def prepare(
+    cfg: DataConfig, out_dir: str | Path, *, force: bool = False, vocabulary: str | Path | None = None
+) -> dict[str, Any]:
     """Prepare the corpora of ``cfg`` into ``out_dir`` (see the module docstring).
 
     Args:
         cfg: the data section of the configuration (``train`` is required).
         out_dir: the prepared directory to create.
         force: rebuild even when ``out_dir`` already holds this preparation, and replace a different one.
+        vocabulary: a vocabulary directory (a pretrained model's, see :func:`transduce.vocab.load_vocabulary`) to
+            encode with instead of training one: its ids are kept, the source side is encoded with its source
+            model and the target side with its target model. The vocabulary options of ``cfg`` are then unused.
 
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
@@ -99,6 +106,10 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
     out_dir = Path(out_dir)
     corpora = _corpora(cfg)
     options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
+    if vocabulary is not None:
+        from transduce.checkpoint import vocab_sha256
+
+        options["vocabulary"] = vocab_sha256(vocabulary)
     inputs = {
         split: {side: _describe(path) for side, path in (("src", src), ("tgt", tgt))}
         for split, (src, tgt) in corpora.items()
@@ -111,7 +122,7 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
         raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
     tmp = make_temp_dir(out_dir)
     try:
-        manifest = _prepare_into(tmp, cfg, corpora, inputs, options)
+        manifest = _prepare_into(tmp, cfg, corpora, inputs, options, vocabulary)
         manifest["seconds"] = round(time.perf_counter() - started, 2)
         write_json(tmp / MANIFEST_FILE, manifest)  # last: its presence marks a complete directory
         install(tmp, out_dir)
@@ -127,12 +138,20 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
 
 
 def _prepare_into(
-    tmp: Path, cfg: DataConfig, corpora: dict[str, tuple[Path, Path]], inputs: dict, options: dict
-) -> dict[str, Any]:
+    tmp: Path, cfg: DataConfig, corpora: dict[str, tuple[Path, Path]], inputs: dict, options: dict,
+    vocabulary: str | Path | None,
+) -> dict[str, Any]:  # fmt: skip
     for split, (src, tgt) in corpora.items():  # every input is checked before any real work
         inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(src, tgt, cfg.skip_invalid_utf8)
     workers = cfg.workers or os.cpu_count() or 1
-    tok = _train_vocabulary(tmp, cfg, *corpora["train"], inputs["train"]["src"]["lines"], workers)
+    if vocabulary is not None:
+        from transduce.checkpoint import copy_vocab
+
+        copy_vocab(vocabulary, tmp)  # the very files: the run's vocabulary identity is the pretrained one's
+        tok = load_vocabulary(tmp)
+        log.info("encoding with the vocabulary of %s (%s)", vocabulary, tok)
+    else:
+        tok = _train_vocabulary(tmp, cfg, *corpora["train"], inputs["train"]["src"]["lines"], workers)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
     enc_opts = EncodeOptions(str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup)
 
@@ -140,7 +159,7 @@ def _prepare_into(
     with _Encoder(enc_opts, workers) as encoder:
         for split, (src, tgt) in corpora.items():
             writer = SplitWriter(tmp, split, dtype)
-            counts = _encode_split(encoder, writer, split, src, tgt, dedup=cfg.dedup and split == "train")
+            counts = _encode_split(encoder, writer, split, src, tgt, dedup=cfg.dedup and _kind(split) == "train")
             info = writer.close()
             splits[split] = {
                 **info,
@@ -224,7 +243,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, src: Path, tgt: Path, lines: i
 
 
 def _chunks(split: str, src: Path, tgt: Path) -> Iterator[Chunk]:
-    train = split == "train"
+    train = _kind(split) == "train"  # the mixed-in corpus is training data too: cleaned the same way
     first, s_buf, t_buf = 0, [], []
     for lineno, s, t in iter_raw_pairs(src, tgt):
         s_buf.append(s)
@@ -296,13 +315,15 @@ class _Encoder:
 
 
 def _kind(split: str) -> str:
-    return split if split in ("train", "valid") else "test"
+    return "train" if split in ("train", MIX_SPLIT) else "valid" if split == "valid" else "test"
 
 
 def _corpora(cfg: DataConfig) -> dict[str, tuple[Path, Path]]:
     if not cfg.train:
         raise DataError("no training corpus: set data.train (--train PREFIX)")
     prefixes = {"train": cfg.train}
+    if cfg.mix:
+        prefixes[MIX_SPLIT] = cfg.mix
     if cfg.valid:
         prefixes["valid"] = cfg.valid
     for prefix in cfg.test:
