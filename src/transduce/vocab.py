@@ -70,7 +70,7 @@ def new_pieces(
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(list(sentences)), model_writer=buffer, vocab_size=size,
             model_type=kind if kind in ("bpe", "unigram") else "unigram", character_coverage=1.0,
-            byte_fallback=True, hard_vocab_limit=False, num_threads=max(1, threads), minloglevel=2,
+            hard_vocab_limit=False, num_threads=max(1, threads), minloglevel=2,
         )  # fmt: skip
     except RuntimeError as e:
         message = str(e).splitlines()[0]

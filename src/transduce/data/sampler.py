@@ -284,7 +284,8 @@ class MixedBatchSampler:
         if k == 0:
             return indices
         longest = int(max(max(self.main.src_lengths[i], self.main.tgt_lengths[i]) for i in indices))
-        fitting = max(int(np.searchsorted(self._sorted, longest, side="right")), min(k, len(self._sorted)))
+        # those that fit (drawn with replacement when they are fewer than k), else the k shortest
+        fitting = int(np.searchsorted(self._sorted, longest, side="right")) or min(k, len(self._sorted))
         chosen = self._order[rng.choice(fitting, size=k, replace=k > fitting)]
         return indices + (chosen + self.offset).tolist()
 
