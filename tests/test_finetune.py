@@ -300,3 +300,25 @@ def test_tokenizer_does_not_import_interop():
     code = "import sys, transduce.tokenizer; print(any(m.startswith('transduce.interop') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_mixed_fine_tuning_run_resumes(copy_pre: Path, tmp_path: Path):
+    """data.mix is prepared with the pretrained vocabulary beside the new corpus and mixed into training; a fine-tuned
+    run resumes from its own checkpoint (not from init_from again), keeping its vocabulary and frozen parameters."""
+    new = czech_sentences(40, seed=12)
+    general = copy_sentences(40, seed=13)
+    corpus = write_pairs(tmp_path / "corpus", new, new)
+    mix = write_pairs(tmp_path / "general", general, general)
+    run = tmp_path / "run"
+    config = finetune_config(run, copy_pre, corpus, max_steps=2, max_tokens=200, extend_vocab=80,
+                             freeze_embeddings=True)  # fmt: skip
+    config = config.replace(data=config.data.replace(mix=mix, mix_share=0.5))
+    train(config)
+    manifest = json.loads((run / "data" / "manifest.json").read_text())
+    assert manifest["splits"]["mix"]["pairs"] == 40
+    first, _, _ = load_model(run)
+    outcome = train(resume=run, overrides=["train.max_steps=4"])
+    assert outcome.step == 4
+    again, _, _ = load_model(run)
+    assert torch.equal(first.src_embed.weight, again.src_embed.weight)  # still frozen, and not re-initialised
+    assert not torch.equal(first.encoder_layers[0].ffn.w1.weight, again.encoder_layers[0].ffn.w1.weight)

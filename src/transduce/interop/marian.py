@@ -1,9 +1,9 @@
 """Hugging Face Marian in and out.
 
-``export_hf(RUN, OUT)`` writes a directory that ``transformers.MarianMTModel.from_pretrained`` and
-``MarianTokenizer.from_pretrained`` load with no code of ours; ``load_hf(DIR)`` / ``import_hf(DIR, OUT)`` read a
-Marian model (the public opus-mt models included) into our :class:`~transduce.model.Transformer`, so our beam
-search, server and tools work with it.
+``export_hf(RUN, OUT)`` writes a directory that ``transformers.MarianMTModel.from_pretrained`` (or
+``PegasusForConditionalGeneration``'s, for pre-norm models) and ``MarianTokenizer.from_pretrained`` load with no code
+of ours; ``load_hf(DIR)`` / ``import_hf(DIR, OUT)`` read a Marian model (the public opus-mt models included) into our
+:class:`~transduce.model.Transformer`, so our beam search, server and tools work with it.
 
 The two architectures are the same function up to one detail: Marian's sinusoidal position table puts the sines
 of all frequencies first and the cosines second (``[sin | cos]``), ours interleaves them (``sin, cos, sin, ...``)
@@ -13,10 +13,11 @@ those dimensions: embedding columns, the input columns of every projection that 
 (and biases) of every projection that writes it, and the LayerNorm parameters. The permuted model computes exactly
 the same logits with Marian's own position table, which ``from_pretrained`` always regenerates.
 
-What Marian cannot express, export refuses with the reason: pre-norm layers (Marian is post-norm; CTranslate2
-export handles pre-norm), learned positions, and a LayerNorm epsilon other than Marian's 1e-5. Every export is
-checked before it is written: the saved directory is loaded back with ``from_pretrained`` and its logits must
-equal ours within 1e-4.
+Pre-norm models (Marian is post-norm) are written as ``PegasusForConditionalGeneration`` instead, with the same
+weight correspondence plus the final LayerNorms (:mod:`transduce.interop.pegasus` says why Pegasus and not M2M100).
+What neither can express, export refuses with the reason: learned positions, a LayerNorm epsilon other than 1e-5,
+and for pre-norm models separate vocabularies. Every export is checked before it is written: the saved directory
+is loaded back with ``from_pretrained`` and its logits must equal ours within 1e-4.
 
 Token ids: our vocabularies put pad, bos, eos, unk at 0-3 and the decoder starts from bos; the exported
 ``vocab.json`` lists our SentencePiece pieces in id order and the config names those ids. Marian's own models put
