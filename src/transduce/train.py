@@ -35,8 +35,7 @@ from transduce import finetune
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
-from transduce.data.preparation import MIX_SPLIT
-from transduce.data.sampler import ConcatPairs, MixedBatchSampler
+from transduce.data.sampler import ConcatPairs, MixedBatchSampler, training_data
 from transduce.distributed import Dist, all_reduce_sum, broadcast_object, setup, teardown
 from transduce.errors import TransduceError
 from transduce.model import Transformer
@@ -193,18 +192,10 @@ class _Run:
             finetune.load_optimizer(self.trainer, self.config)
         torch.manual_seed(self.cfg.seed + 1000 * dist.rank)  # different dropout masks on different ranks
         self.state = RunState()
-        self.train_data: ParallelDataset | ConcatPairs = ParallelDataset(self.prepared, "train")
-        share = self.config.data.mix_share  # the mixed-in corpus takes this share of every batch's budget
-        self.main_sampler = TokenBatchSampler(
-            self.train_data.src_lengths, self.train_data.tgt_lengths, max(1, int(self.cfg.max_tokens * (1 - share))),
+        self.train_data, self.sampler, self.main_sampler = training_data(
+            self.prepared, self.cfg.max_tokens, self.config.data.mix_share,
             seed=self.cfg.seed, rank=dist.rank, world_size=dist.world_size,
         )  # fmt: skip
-        self.sampler: TokenBatchSampler | MixedBatchSampler = self.main_sampler
-        if self.config.data.mix:
-            mix = ParallelDataset(self.prepared, MIX_SPLIT)
-            self.sampler = MixedBatchSampler(self.main_sampler, mix.src_lengths, mix.tgt_lengths, share,
-                                             offset=len(self.train_data), seed=self.cfg.seed)  # fmt: skip
-            self.train_data = ConcatPairs(self.train_data, mix)
         self.valid_data = ParallelDataset(self.prepared, "valid") if "valid" in self._splits() else None
         self.references, self.reference_kind = (None, "")
         if self.valid_data is not None and self.cfg.valid_bleu and dist.is_main:

@@ -41,7 +41,7 @@ from typing import Any
 import sentencepiece
 
 from transduce.config import DataConfig
-from transduce.data.binary import MANIFEST_FILE, SplitWriter, ids_dtype, split_files
+from transduce.data.binary import MANIFEST_FILE, MIX_SPLIT, SplitWriter, ids_dtype, split_files
 from transduce.data.encode import (
     DROP_REASONS,
     UTF8_HINT,
@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "transduce-prepared", 1
 CHUNK_PAIRS = 8192  # raw pairs per worker task
-MIX_SPLIT = "mix"  # the split of data.mix, the corpus mixed into training batches
 SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
 # DataConfig fields that change the prepared output (workers and paths do not)
 _OPTION_KEYS = (

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from transduce.data.binary import MIX_SPLIT, ParallelDataset
 from transduce.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -306,3 +307,24 @@ class ConcatPairs:
 
     def __getitem__(self, i: int):
         return self.first[i] if i < self.offset else self.second[i - self.offset]
+
+
+def training_data(
+    prepared, max_tokens: int, mix_share: float, *, seed: int, rank: int = 0, world_size: int = 1
+) -> tuple[ParallelDataset | ConcatPairs, TokenBatchSampler | MixedBatchSampler, TokenBatchSampler]:
+    """The training split of a prepared directory and its batches: ``(dataset, sampler, main sampler)``.
+
+    With ``mix_share`` > 0 the prepared ``mix`` split (``data.mix``) is mixed into every batch
+    (:class:`MixedBatchSampler`; the training pairs' batches get ``max_tokens * (1 - mix_share)``), and the dataset
+    covers both; else the sampler is the main one.
+    """
+    train = ParallelDataset(prepared, "train")
+    main = TokenBatchSampler(
+        train.src_lengths, train.tgt_lengths, max(1, int(max_tokens * (1 - mix_share))), seed=seed, rank=rank,
+        world_size=world_size,
+    )  # fmt: skip
+    if mix_share <= 0:
+        return train, main, main
+    mix = ParallelDataset(prepared, MIX_SPLIT)
+    sampler = MixedBatchSampler(main, mix.src_lengths, mix.tgt_lengths, mix_share, offset=len(train), seed=seed)
+    return ConcatPairs(train, mix), sampler, main
