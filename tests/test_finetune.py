@@ -154,6 +154,12 @@ def test_marian_extension_keeps_ids_and_rows_and_exports(marian_dir: Path, tmp_p
     with torch.inference_mode():
         out = hf.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=12, do_sample=False)
     assert tok.batch_decode(out, skip_special_tokens=True) == ours
+    ct = ctranslate2.Translator(str(export_ctranslate2(run, tmp_path / "ct2")), device="cpu", intra_threads=1)
+    pieces = [vocab.src_pieces(vocab.encode_src(s)) for s in sentences]
+    results = ct.translate_batch(pieces, beam_size=4, length_penalty=0.0, max_decoding_length=11,
+                                 min_decoding_length=0, suppress_sequences=[["<pad>"]])  # fmt: skip
+    table = {p: i for i, p in enumerate(vocab.pieces_in_id_order("tgt"))}
+    assert [vocab.decode_tgt([table[p] for p in r.hypotheses[0]]) for r in results] == ours
 
 
 # ----------------------------------------------------------------------------------------------------------------------
