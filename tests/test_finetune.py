@@ -271,8 +271,12 @@ def test_cli_init_from_and_config_checks(marian_dir: Path, tmp_path: Path):
     config = tmp_path / "ft.yaml"
     config.write_text(finetune_config(tmp_path / "run", Path("unused"), corpus).to_yaml().replace(
         "init_from: unused", "init_from: ''"))  # fmt: skip
-    assert main(["train", str(config), "--init-from", str(marian_dir)]) == 0
-    assert load_model(tmp_path / "run")[1].train.init_from == str(marian_dir)
+    # overrides may follow --init-from (argparse alone would refuse them there)
+    assert main(["train", str(config), "--init-from", str(marian_dir), "train.max_steps=2"]) == 0
+    trained = load_model(tmp_path / "run")[1].train
+    assert (trained.init_from, trained.max_steps) == (str(marian_dir), 2)
+    with pytest.raises(SystemExit):
+        main(["train", str(config), "--init-from", str(marian_dir), "--no-such-option"])
     with pytest.raises(Exception, match="extend_vocab: needs train.init_from"):
         TrainConfig(extend_vocab=100)
 
