@@ -105,15 +105,17 @@ def test_hf_export_carries_the_decoding_settings(copy_checkpoint: Path, tmp_path
     assert "transduce's length penalty is GNMT's" in default
 
 
-def test_hf_export_refuses_pre_norm_with_the_reason(copy_checkpoint: Path, tmp_path: Path):
+def test_hf_export_refuses_what_pegasus_cannot_express(copy_checkpoint: Path, tmp_path: Path):
+    """Pre-norm models go to Hugging Face as Pegasus, which has one embedding for both sides."""
     _, config, vocab_dir = load_model(copy_checkpoint)
-    pre = config.model.replace(norm="pre")
+    pre = config.model.replace(norm="pre", share_vocab=False)
     ckpt = save_model(tmp_path / "pre", Transformer(pre), Config(model=pre), vocab_dir)
     with pytest.raises(InteropError) as e:
         export_hf(ckpt, tmp_path / "out")
     assert str(e.value) == (
-        f"{ckpt}: cannot export to Hugging Face Marian: model.norm is 'pre', and Marian has post-norm layers only "
-        "(export --format ctranslate2 runs pre-norm models)"
+        f"{ckpt}: cannot export to Hugging Face Pegasus: model.share_vocab is false, and Pegasus (the pre-norm "
+        "architecture of Hugging Face) has one embedding for encoder and decoder: train with data.joint_vocab true "
+        "(export --format ctranslate2 takes it)"
     )
     assert not (tmp_path / "out").exists()
 

@@ -210,7 +210,7 @@ def save_model(
 ) -> Path:
     """Write a standalone inference checkpoint: weights, config and a copy of the vocabulary in one directory.
 
-    ``load_model(path)`` reads it back; ``path/vocab`` is what ``Tokenizer.load`` takes.
+    ``load_model(path)`` reads it back; ``path/vocab`` is what :func:`transduce.vocab.load_vocabulary` takes.
     """
     return write_checkpoint(path, model, config, vocab_sha=vocab_sha256(vocab_dir), step=step, vocab_dir=vocab_dir)
 
@@ -384,7 +384,7 @@ def load_model(
         checksums: verify the files' sha256 against the manifest (sizes are always checked).
     Returns:
         ``(model, config, vocab_dir)``: the model in eval mode, the config it was trained with, and the
-        directory to pass to ``Tokenizer.load``.
+        directory to pass to :func:`transduce.vocab.load_vocabulary`.
     Raises:
         CheckpointError: a missing, truncated or corrupt file, or a vocabulary that does not match.
     """

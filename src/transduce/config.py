@@ -302,6 +302,8 @@ class DataConfig(_Section):
     task: str = "translate"
     tree_leaves: str = "xx"  # parse: each word is XX in the linearised tree (xx) or itself (word)
     tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
+    mix: str = ""  # path prefix of a second (general-domain) raw pair mixed into every training batch
+    mix_share: float = 0.0  # share of every training batch's sentences drawn from data.mix (e.g. 0.2)
 
     def __post_init__(self) -> None:
         for where, corpus in [("train", self.train), ("valid", self.valid)] + [
@@ -320,6 +322,11 @@ class DataConfig(_Section):
             raise ConfigError("joint_vocab: parsing has a subword source and a closed target vocabulary; set "
                               "joint_vocab: false")  # fmt: skip
         _check_choice("vocab_type", self.vocab_type, ("bpe", "unigram"))
+        if not 0.0 <= self.mix_share < 1.0:
+            raise ConfigError(f"mix_share: must be in [0, 1), got {self.mix_share!r}")
+        if bool(self.mix) != (self.mix_share > 0):
+            raise ConfigError("mix_share: data.mix and data.mix_share > 0 go together (got mix "
+                              f"{self.mix!r}, mix_share {self.mix_share})")  # fmt: skip
         _check_positive("vocab_size", self.vocab_size)
         _check_positive("max_len", self.max_len)
         _check_positive("max_len_ratio", self.max_len_ratio)
@@ -375,6 +382,12 @@ class TrainConfig(_Section):
     save_every_minutes: float = 0.0  # also write a checkpoint every M minutes (the paper: 10); 0: off
     patience: int = 0  # stop after this many validations without improvement; 0: off
     max_nonfinite: int = 10  # stop after this many updates in a row with a non-finite loss or gradient
+    init_from: str = ""  # pretrained model to start from: run directory, checkpoint or Hugging Face Marian directory
+    init_optimizer: bool = False  # keep the Adam moments of init_from's training checkpoint (the step restarts)
+    extend_vocab: int = 0  # with init_from: add the pieces a SentencePiece model of this size finds in the data; 0: off
+    freeze_embeddings: bool = False  # keep the embeddings (and a tied output projection) fixed
+    freeze_encoder: bool = False  # keep the encoder (its embeddings and layers) fixed
+    train_last_layers: int = 0  # > 0: train only the last k layers of each stack (+ final norms, untied output)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "accumulate", "warmup_steps", "adam_eps", "peak_lr", "lr_scale"):
@@ -393,6 +406,8 @@ class TrainConfig(_Section):
             "keep_last",
             "save_every_minutes",
             "patience",
+            "extend_vocab",
+            "train_last_layers",
         ):
             _check_positive(name, getattr(self, name), allow_zero=True)
         _check_positive("max_nonfinite", self.max_nonfinite)
@@ -404,6 +419,12 @@ class TrainConfig(_Section):
                                   f"must exceed warmup_steps ({self.warmup_steps}), got {self.max_steps}")  # fmt: skip
             if self.min_lr > self.peak_lr:
                 raise ConfigError(f"min_lr: must not exceed peak_lr ({self.peak_lr}), got {self.min_lr}")
+        if not self.init_from:
+            for name in ("init_optimizer", "extend_vocab"):
+                if getattr(self, name):
+                    raise ConfigError(f"{name}: needs train.init_from (a pretrained model to start from)")
+        if self.init_optimizer and self.extend_vocab:
+            raise ConfigError("init_optimizer: the optimizer state has no moments for the rows extend_vocab adds")
         _check_choice("precision", self.precision, ("auto", *PRECISIONS))
         try:
             check_device_name(self.device)

@@ -18,6 +18,7 @@ Files written into a prepared directory:
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import re
@@ -38,7 +39,85 @@ SRC_MODEL, TGT_MODEL = "spm.src.model", "spm.tgt.model"
 _SKIP_ON_DECODE = frozenset({PAD_ID, BOS_ID})  # dropped wherever they appear; EOS ends the sentence
 
 
-class Tokenizer:
+class Vocabulary(abc.ABC):
+    """What training, translation and export need of a vocabulary: text to ids and back on each side.
+
+    Two implementations: :class:`Tokenizer` (ours: SentencePiece ids are the model's ids) and
+    ``transduce.interop.marian_vocab.MarianVocab`` (a Hugging Face Marian vocabulary: SentencePiece segments,
+    ``vocab.json`` maps the pieces to the model's ids). :func:`transduce.vocab.load_vocabulary` loads either from a
+    directory by its ``tokenizer.json``.
+    """
+
+    joint: bool  # one vocabulary for both sides
+    lowercase: bool  # text is lowercased before encoding
+
+    @property
+    @abc.abstractmethod
+    def src_vocab_size(self) -> int:
+        """Number of source ids, special ids included."""
+
+    @property
+    @abc.abstractmethod
+    def tgt_vocab_size(self) -> int:
+        """Number of target ids, special ids included."""
+
+    @abc.abstractmethod
+    def normalise(self, text: str) -> str:
+        """The normalisation applied to text before encoding (lowercasing when set)."""
+
+    @abc.abstractmethod
+    def encode_src_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source sentences -> ids, without bos/eos."""
+
+    @abc.abstractmethod
+    def encode_tgt_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target sentences -> ids, without bos/eos."""
+
+    @abc.abstractmethod
+    def decode_tgt(self, ids: Iterable[int]) -> str:
+        """Target ids -> text; stops at the first eos, skips padding and bos."""
+
+    @abc.abstractmethod
+    def src_pieces(self, ids: Iterable[int]) -> list[str]:
+        """The source piece of every id."""
+
+    @abc.abstractmethod
+    def tgt_pieces(self, ids: Iterable[int]) -> list[str]:
+        """The target piece of every id."""
+
+    @abc.abstractmethod
+    def sentencepiece_protos(self) -> tuple[bytes, bytes]:
+        """The serialised SentencePiece models that segment the source and the target text."""
+
+    @abc.abstractmethod
+    def save(self, directory: str | Path) -> Path:
+        """Write the vocabulary files (with ``tokenizer.json``) into ``directory``; returns it."""
+
+    @abc.abstractmethod
+    def extended(self, directory: str | Path, src_new: Sequence[NewPiece], tgt_new: Sequence[NewPiece]) -> Path:
+        """Write into ``directory`` this vocabulary with pieces appended: every existing piece keeps its id, the new
+        ones get the next ids in order (see :mod:`transduce.vocab`). A joint vocabulary takes ``src_new`` only."""
+
+    def encode_src(self, text: str) -> list[int]:
+        """Source text -> ids, without bos/eos."""
+        return self.encode_src_batch([text])[0]
+
+    def encode_tgt(self, text: str) -> list[int]:
+        """Target text -> ids, without bos/eos."""
+        return self.encode_tgt_batch([text])[0]
+
+    def pieces_in_id_order(self, side: str) -> list[str]:
+        """Every piece of the ``"src"`` or ``"tgt"`` vocabulary, indexed by id."""
+        if side == "src":
+            return self.src_pieces(range(self.src_vocab_size))
+        return self.tgt_pieces(range(self.tgt_vocab_size))
+
+
+#: A piece to add to a SentencePiece model: its text (``▁`` for a space) and its score.
+NewPiece = tuple[str, float]
+
+
+class Tokenizer(Vocabulary):
     """Source and target SentencePiece models (one shared model when ``joint``) plus text normalisation.
 
     Build one with :meth:`train` or :meth:`load`; the constructor takes already loaded processors.
@@ -118,8 +197,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
-        """Load the tokenizer that :meth:`train` (or ``transduce prepare``) wrote into ``directory``, or the
-        :class:`transduce.interop.marian.MarianVocab` of a model imported from Hugging Face.
+        """Load the tokenizer that :meth:`train` (or ``transduce prepare``) wrote into ``directory``
+        (:func:`transduce.vocab.load_vocabulary` also loads an imported Marian vocabulary).
 
         Raises:
             DataError: files are missing or the special ids differ from :mod:`transduce.special`.
@@ -131,10 +210,11 @@ class Tokenizer:
             raise DataError(f"{directory / TOKENIZER_FILE}: file not found (not a prepared directory?)") from None
         except json.JSONDecodeError as e:
             raise DataError(f"{directory / TOKENIZER_FILE}: not valid JSON ({e})") from None
-        if meta.get("kind") == "marian":  # a vocabulary imported from a Hugging Face Marian model
-            from transduce.interop.marian import MarianVocab
-
-            return MarianVocab(directory, meta)  # type: ignore[return-value]  (the same methods)
+        if meta.get("kind", "sentencepiece") != "sentencepiece":
+            raise DataError(
+                f"{directory / TOKENIZER_FILE}: a {meta['kind']} vocabulary, not ours (load it with "
+                "transduce.vocab.load_vocabulary)"
+            )
         if meta.get("special_ids") != SPECIAL_IDS:
             raise DataError(
                 f"{directory / TOKENIZER_FILE}: special ids {meta.get('special_ids')} differ from this version's "
@@ -165,6 +245,36 @@ class Tokenizer:
     def model_protos(self) -> tuple[bytes, bytes]:
         """The serialised SentencePiece models of the source and target side (the same bytes when joint)."""
         return self._src.serialized_model_proto(), self._tgt.serialized_model_proto()
+
+    sentencepiece_protos = model_protos
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the model file(s) and ``tokenizer.json`` into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        src, tgt = self.model_protos()
+        files = {"src": JOINT_MODEL, "tgt": JOINT_MODEL} if self.joint else {"src": SRC_MODEL, "tgt": TGT_MODEL}
+        (directory / files["src"]).write_bytes(src)
+        if not self.joint:
+            (directory / files["tgt"]).write_bytes(tgt)
+        meta = {
+            "joint": self.joint,
+            "lowercase": self.lowercase,
+            "files": files,
+            "special_ids": dict(SPECIAL_IDS),
+            "src_vocab_size": self.src_vocab_size,
+            "tgt_vocab_size": self.tgt_vocab_size,
+        }
+        (directory / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return directory
+
+    def extended(self, directory: str | Path, src_new: Sequence[NewPiece], tgt_new: Sequence[NewPiece]) -> Path:
+        from transduce.spm_proto import append_pieces  # the proto arithmetic lives beside the other users
+
+        src, tgt = self.model_protos()
+        src_proc = spm.SentencePieceProcessor(model_proto=append_pieces(src, src_new))
+        tgt_proc = None if self.joint else spm.SentencePieceProcessor(model_proto=append_pieces(tgt, tgt_new))
+        return Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase).save(directory)
 
     def normalise(self, text: str) -> str:
         """The text normalisation applied before SentencePiece's own (NFKC, whitespace): lowercasing if set."""

@@ -31,17 +31,27 @@ import torch
 import torch.distributed as tdist
 
 from transduce import checkpoint as ckpt
+from transduce import finetune
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
 from transduce.data.prefetch import Prefetch
-from transduce.distributed import Dist, broadcast_object, launched_local_rank, launched_world_size, setup, teardown
+from transduce.data.sampler import ConcatPairs, MixedBatchSampler, training_data
+from transduce.distributed import (
+    Dist,
+    broadcast_object,
+    launched_local_rank,
+    launched_world_size,
+    setup,
+    teardown,
+)
 from transduce.errors import TransduceError
 from transduce.model import Transformer
 from transduce.runlog import RunLog, Throughput, truncate_metrics
-from transduce.tokenizer import Tokenizer
+from transduce.tokenizer import Vocabulary
 from transduce.trainer import StepResult, Trainer, rng_state, select_device, set_rng_state
-from transduce.validate import ValidResult, read_references, validate
+from transduce.validate import ValidResult, read_references, special_ids, validate
+from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +89,7 @@ class TrainOutcome:
 # setup
 
 
-def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Path, Tokenizer]:
+def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Path, Vocabulary]:
     """Prepare the data if needed, copy the vocabulary and write the resolved config into the run directory.
 
     Returns:
@@ -100,20 +110,28 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
         if not resume and ckpt.list_checkpoints(run_dir):
             raise TrainingError(f"{run_dir} already holds checkpoints: resume with --resume {run_dir} or set a new "
                                 "train.run_dir")  # fmt: skip
+        # fine-tuning: the data is encoded with the pretrained model's vocabulary (extended if asked)
+        pretrained = finetune.vocabulary(config, run_dir, resume=resume) if config.train.init_from else None
         if config.data.train:
-            prepare(config.data, prepared)  # reuses a directory already prepared from the same inputs
+            prepare(config.data, prepared, vocabulary=pretrained)  # reuses a directory prepared from the same inputs
         elif not (prepared / "manifest.json").exists():
             raise TrainingError(f"no data: set data.train (raw text) or data.prepared (a prepared directory, "
                                 f"{prepared} has none)")  # fmt: skip
+        elif pretrained is not None:
+            finetune.check_prepared(prepared, pretrained)
     if dist.enabled:
         tdist.barrier()
-    tokenizer = Tokenizer.load(prepared)
-    share = config.model.share_vocab and tokenizer.joint
-    if share != config.model.share_vocab:
-        log.warning("model.share_vocab: the vocabulary of %s is not joint; training with separate embeddings", prepared)
-    model = config.model.replace(
-        src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, share_vocab=share
-    )
+    tokenizer = load_vocabulary(prepared)
+    if config.train.init_from:
+        model = finetune.model_config(config, tokenizer, resume=resume)
+    else:
+        share = config.model.share_vocab and tokenizer.joint
+        if share != config.model.share_vocab:
+            log.warning("model.share_vocab: the vocabulary of %s is not joint; training with separate embeddings",
+                        prepared)  # fmt: skip
+        model = config.model.replace(
+            src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, share_vocab=share
+        )
     config = Config(model=model, data=config.data.replace(prepared=str(prepared)), train=config.train,
                     decode=config.decode)  # fmt: skip
     if dist.is_main:
@@ -130,14 +148,16 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
 
 
 def _batches(
-    dataset: ParallelDataset, sampler: TokenBatchSampler, state: RunState, max_epochs: int
-) -> Iterator[tuple[int, int, Batch]]:
-    """``(epoch, position after it, batch)`` from the saved data position onwards, epoch after epoch."""
+    dataset: ParallelDataset | ConcatPairs, sampler: TokenBatchSampler | MixedBatchSampler, state: RunState,
+    max_epochs: int, ids: tuple[int, int, int],
+) -> Iterator[tuple[int, int, Batch]]:  # fmt: skip
+    """``(epoch, position after it, batch)`` from the saved data position onwards, epoch after epoch; ``ids`` are
+    the model's ``(pad, bos, eos)``."""
     epoch, position = state.epoch, state.position
     while max_epochs == 0 or epoch < max_epochs:
         for indices in sampler.iter_from(epoch, position):
             position += 1
-            yield epoch, position, collate([dataset[i] for i in indices])
+            yield epoch, position, collate([dataset[i] for i in indices], *ids)
         epoch, position = epoch + 1, 0
 
 
@@ -180,13 +200,17 @@ class _Run:
         self.vocab_sha = ckpt.vocab_sha256(self.run_dir / ckpt.VOCAB_DIR)
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
         self.model = Transformer(self.config.model)
+        if self.cfg.init_from and not resume:
+            finetune.initialise(self.model, self.config, self.tokenizer)
+        finetune.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
         self.trainer = Trainer(self.config, self.model, device, dist)
+        if self.cfg.init_optimizer and not resume:
+            finetune.load_optimizer(self.trainer, self.config)
         torch.manual_seed(self.cfg.seed + 1000 * dist.rank)  # different dropout masks on different ranks
         self.state = RunState()
-        self.train_data = ParallelDataset(self.prepared, "train")
-        self.sampler = TokenBatchSampler(
-            self.train_data.src_lengths, self.train_data.tgt_lengths, self.cfg.max_tokens, seed=self.cfg.seed,
-            rank=dist.rank, world_size=dist.world_size,
+        self.train_data, self.sampler, self.main_sampler = training_data(
+            self.prepared, self.cfg.max_tokens, self.config.data.mix_share,
+            seed=self.cfg.seed, rank=dist.rank, world_size=dist.world_size,
         )  # fmt: skip
         self.valid_data = ParallelDataset(self.prepared, "valid") if "valid" in self._splits() else None
         self.references, self.reference_kind = (None, "")
@@ -195,7 +219,7 @@ class _Run:
         if resume:
             self._restore()
         self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step)
-        padding = padding_stats(self.sampler)  # padding is compute spent on nothing: say how much there is
+        padding = padding_stats(self.main_sampler)  # padding is compute spent on nothing: say how much there is
         self.runlog.info(
             "batches: %d per epoch (all ranks), padding %.1f%% of tokens (source %.1f%%, target %.1f%%)",
             padding["batches"], 100 * padding["padding_share"], 100 * padding["src_padding_share"],
@@ -295,7 +319,7 @@ class _Run:
         started = time.monotonic()
         elapsed = lambda: self.state.elapsed_s + time.monotonic() - started  # noqa: E731
         pin = self.device if self.device.type == "cuda" else None
-        source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs)
+        source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs, special_ids(self.config))
         batches = Prefetch(source, depth=2 * cfg.accumulate, pin=pin)
         try:
             return self._loop(signals, batches, started, elapsed)

@@ -23,7 +23,7 @@ from transduce.data import ParallelDataset, TokenBatchSampler, collate, read_lin
 from transduce.data.corpus import corpus_of_record, read_corpus
 from transduce.distributed import Dist, all_reduce_sum
 from transduce.loss import label_smoothed_nll
-from transduce.tokenizer import Tokenizer
+from transduce.tokenizer import Vocabulary
 
 
 @dataclasses.dataclass
@@ -51,6 +51,11 @@ class ValidResult:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
+def special_ids(config: Config) -> tuple[int, int, int]:
+    """``(pad, bos, eos)`` of the model, for :func:`collate` (an imported Marian model has its own)."""
+    return config.model.pad_id, config.model.bos_id, config.model.eos_id
+
+
 @torch.no_grad()
 def validation_loss(
     model: torch.nn.Module, dataset: ParallelDataset, config: Config, device: torch.device, dist: Dist, autocast
@@ -64,7 +69,7 @@ def validation_loss(
     loss_sum = nll_sum = 0.0
     tokens = 0
     for indices in sampler.iter_from(0):
-        batch = collate([dataset[i] for i in indices]).to(device)
+        batch = collate([dataset[i] for i in indices], *special_ids(config)).to(device)
         with autocast():
             logits = model(batch.src, batch.tgt_in)
         loss, nll, n = label_smoothed_nll(logits, batch.tgt_out, config.train.label_smoothing, config.model.pad_id)
@@ -74,7 +79,7 @@ def validation_loss(
     return loss_sum / total, nll_sum / total, int(total)
 
 
-def read_references(dataset: ParallelDataset, tokenizer: Tokenizer) -> tuple[list[str], str]:
+def read_references(dataset: ParallelDataset, tokenizer: Vocabulary) -> tuple[list[str], str]:
     """Reference sentences of the split: raw lines (normalised) when the raw file exists, else decoded ids."""
     try:
         corpus = corpus_of_record(read_manifest(dataset.directory)["inputs"][dataset.split])
@@ -93,7 +98,7 @@ def read_references(dataset: ParallelDataset, tokenizer: Tokenizer) -> tuple[lis
 
 @torch.no_grad()
 def validation_translations(
-    model: torch.nn.Module, dataset: ParallelDataset, tokenizer: Tokenizer, config: Config, device: torch.device,
+    model: torch.nn.Module, dataset: ParallelDataset, tokenizer: Vocabulary, config: Config, device: torch.device,
     dist: Dist, limit: int = 0,
 ) -> list[str]:  # fmt: skip
     """Greedy/beam translations of the first ``limit`` sentences (0: all), in dataset order, on rank 0 (others: [])."""
@@ -107,7 +112,7 @@ def validation_translations(
     out: dict[int, str] = {}
     for indices in length_batches((dataset.src_lengths[mine] + 1).tolist(), decode_cfg.max_tokens, width):
         chunk = mine[indices]  # similar lengths share a batch
-        src = collate([(dataset[int(i)][0], np.zeros(0, np.int64)) for i in chunk]).src.to(device)
+        src = collate([(dataset[int(i)][0], np.zeros(0, np.int64)) for i in chunk], *special_ids(config)).src.to(device)
         for i, hyps in zip(chunk, generate(model, src, decode_cfg)):
             out[int(i)] = tokenizer.decode_tgt(hyps[0].tokens)
     if dist.enabled:
@@ -118,7 +123,7 @@ def validation_translations(
 
 
 def validate(
-    model: torch.nn.Module, dataset: ParallelDataset, tokenizer: Tokenizer | None, references: list[str] | None,
+    model: torch.nn.Module, dataset: ParallelDataset, tokenizer: Vocabulary | None, references: list[str] | None,
     reference_kind: str, config: Config, device: torch.device, dist: Dist, autocast,
 ) -> ValidResult:  # fmt: skip
     """Loss, perplexity and (when ``train.valid_bleu`` and a tokenizer are given) BLEU and chrF on rank 0."""

@@ -6,8 +6,10 @@ Examples:
   transduce export --format ctranslate2 --quantization int8 --model runs/multi30k_en_de -o models/en-de-ct2-int8
 
 --model is a run directory (its best checkpoint), a checkpoint directory, or a Hugging Face Marian directory.
-Hugging Face Marian is post-norm with sinusoidal positions only: other models are refused with the reason
-(CTranslate2 takes pre-norm and learned positions too). Needs the interop extra: pip install "transduce[interop]".
+--format hf writes post-norm models as MarianMTModel and pre-norm ones as PegasusForConditionalGeneration, with the
+tokenizer files (MarianTokenizer; AutoTokenizer loads them). Both need sinusoidal positions, and Pegasus one
+vocabulary for both sides: other models are refused with the reason (CTranslate2 takes them all). Needs the
+interop extra: pip install "transduce[interop]".
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="run directory, checkpoint, or Hugging Face Marian directory")
     add_output_argument(p, "output directory (created; must be empty unless --force)", metavar="DIR")
     p.add_argument("paths", nargs="*", help=argparse.SUPPRESS)  # the older spelling: SOURCE OUT_DIR
-    p.add_argument("--format", required=True, choices=("hf", "ctranslate2"), help="hf: Hugging Face Marian")
+    formats = ("hf", "ctranslate2")
+    p.add_argument("--format", required=True, choices=formats, help="hf: Hugging Face (Marian or Pegasus)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, help="CTranslate2 weight type (default: float32)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
 

@@ -7,6 +7,9 @@ Examples:
   transduce train --preset tiny --src-file train.src --tgt-file train.tgt -o runs/two-files train.max_steps=5000
   transduce train --resume runs/toy                          # continue exactly where it stopped
   transduce train --resume runs/toy train.max_steps=50000    # ... with a later end
+  transduce train configs/finetune.yaml --init-from models/opus-mt-en-de    # fine-tune a pretrained model
+  transduce train configs/finetune.yaml --init-from runs/multi30k_en_de train.extend_vocab=2000 \
+      train.freeze_embeddings=true data.mix=../shared/data/multi30k/train data.mix_share=0.2
 
 Without CONFIG.yaml every value is the built-in default (the config dataclasses, listed in configs/example.yaml),
 with the model shape of --preset (base, big, small, tiny, test), the data options below and the KEY=VALUE overrides
@@ -59,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser)
     parser.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N or mps (default: the config's)")
     parser.add_argument("--precision", help="train.precision: auto, fp32, bf16 or fp16 (default: the config's)")
+    parser.add_argument(
+        "--init-from", metavar="PATH",
+        help="start from a pretrained model (run directory, checkpoint or Hugging Face Marian directory): its "
+        "architecture, vocabulary and weights; the same as train.init_from=PATH (docs/finetune.md)",
+    )  # fmt: skip
     parser.epilog = "train.* keys (default  # meaning):\n" + _field_docs(TrainConfig)
 
 
@@ -73,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
     for key in ("device", "precision"):  # shorthands of the dotted overrides, as translate/evaluate/serve spell them
         if getattr(args, key, None) is not None:
             overrides.append(f"train.{key}={getattr(args, key)}")
+    if args.init_from:
+        if args.resume:
+            raise TrainingError("--init-from starts a new run; --resume continues one (it keeps its train.init_from)")
+        overrides.append(f"train.init_from={args.init_from}")
     if args.resume:
         if args.config:
             raise TrainingError("give either CONFIG.yaml or --resume RUN_DIR, not both")

@@ -23,6 +23,7 @@ from transduce.data.output import read_json
 from transduce.errors import DataError
 
 MANIFEST_FILE = "manifest.json"
+MIX_SPLIT = "mix"  # the split of data.mix, the corpus mixed into training batches
 SPLIT_SUFFIXES = ("src.bin", "tgt.bin", "src.idx", "tgt.idx", "line")
 
 

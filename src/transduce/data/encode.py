@@ -19,7 +19,8 @@ import numpy as np
 
 from transduce.casing import augment_pair, augmented
 from transduce.textio import decode_line
-from transduce.tokenizer import Tokenizer
+from transduce.tokenizer import Vocabulary
+from transduce.vocab import load_vocabulary
 
 #: Reasons a pair is dropped, in the order they are tested. Only training pairs are ever dropped, except that
 #: "invalid_utf8" in validation/test sets counts lines whose bad bytes were replaced by U+FFFD (the line is kept).
@@ -72,7 +73,7 @@ def init_worker(options: EncodeOptions) -> None:
     if multiprocessing.parent_process() is not None:  # a pool worker: Ctrl-C is the parent's to handle
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _state["options"] = options
-    _state["tokenizer"] = Tokenizer.load(Path(options.tokenizer_dir))
+    _state["tokenizer"] = load_vocabulary(Path(options.tokenizer_dir))
 
 
 def _decode_all(raws: list[bytes], path: str, first_line: int, lenient: bool) -> list[str | None]:
@@ -100,7 +101,7 @@ def _flat(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def encode_chunk(chunk: Chunk) -> Encoded:
     """Decode, clean and encode one chunk (see :data:`DROP_REASONS`)."""
     opts: EncodeOptions = _state["options"]  # type: ignore[assignment]
-    tok: Tokenizer = _state["tokenizer"]  # type: ignore[assignment]
+    tok: Vocabulary = _state["tokenizer"]  # type: ignore[assignment]
     counts = dict.fromkeys(DROP_REASONS, 0)
     src_texts = _decode_all(chunk.src, chunk.src_path, chunk.first_line, opts.skip_invalid_utf8)
     tgt_texts = _decode_all(chunk.tgt, chunk.tgt_path, chunk.first_line, opts.skip_invalid_utf8)

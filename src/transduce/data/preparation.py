@@ -42,7 +42,7 @@ import sentencepiece
 
 from transduce.casing import augment_pair, augmented
 from transduce.config import DataConfig
-from transduce.data.binary import MANIFEST_FILE, SplitWriter, ids_dtype, split_files
+from transduce.data.binary import MANIFEST_FILE, MIX_SPLIT, SplitWriter, ids_dtype, split_files
 from transduce.data.corpus import Corpus, resolve_corpus, split_name
 from transduce.data.encode import (
     DROP_REASONS,
@@ -59,6 +59,7 @@ from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
 from transduce.textio import line_count_error, scan_text, sha256_file
 from transduce.tokenizer import Tokenizer
+from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,9 @@ _OPTION_KEYS = (
 )
 
 
-def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+def prepare(
+    cfg: DataConfig, out_dir: str | Path, *, force: bool = False, vocabulary: str | Path | None = None
+) -> dict[str, Any]:
     """Prepare the corpora of ``cfg`` into ``out_dir`` (see the module docstring).
 
     With ``data.task: parse`` the corpora are treebanks, first turned into text pairs
@@ -93,6 +96,9 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
         cfg: the data section of the configuration (``train`` is required).
         out_dir: the prepared directory to create.
         force: rebuild even when ``out_dir`` already holds this preparation, and replace a different one.
+        vocabulary: a vocabulary directory (a pretrained model's, see :func:`transduce.vocab.load_vocabulary`) to
+            encode with instead of training one: its ids are kept, the source side is encoded with its source
+            model and the target side with its target model. The vocabulary options of ``cfg`` are then unused.
 
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
@@ -105,16 +111,22 @@ def prepare(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dic
         from transduce.parsing.prepare import prepare_treebank
 
         return prepare_treebank(cfg, out_dir, force=force, prepare_text=_prepare_text)
-    return _prepare_text(cfg, out_dir, force=force)
+    return _prepare_text(cfg, out_dir, force=force, vocabulary=vocabulary)
 
 
-def _prepare_text(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+def _prepare_text(
+    cfg: DataConfig, out_dir: str | Path, *, force: bool = False, vocabulary: str | Path | None = None
+) -> dict[str, Any]:
     started = time.perf_counter()
     out_dir = Path(out_dir)
     corpora = _corpora(cfg)
     options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
     if cfg.task != "translate":  # (only then, so that earlier translation preparations are still reused)
         options.update(task=cfg.task, tree_leaves=cfg.tree_leaves, tree_closing=cfg.tree_closing)
+    if vocabulary is not None:
+        from transduce.checkpoint import vocab_sha256
+
+        options["vocabulary"] = vocab_sha256(vocabulary)
     inputs = {split: _describe(corpus) for split, corpus in corpora.items()}
     existing = _existing_manifest(out_dir)
     if existing is not None and not force:
@@ -124,7 +136,7 @@ def _prepare_text(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) 
         raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
     tmp = make_temp_dir(out_dir)
     try:
-        manifest = _prepare_into(tmp, cfg, corpora, inputs, options)
+        manifest = _prepare_into(tmp, cfg, corpora, inputs, options, vocabulary)
         manifest["seconds"] = round(time.perf_counter() - started, 2)
         write_json(tmp / MANIFEST_FILE, manifest)  # last: its presence marks a complete directory
         install(tmp, out_dir)
@@ -140,12 +152,20 @@ def _prepare_text(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) 
 
 
 def _prepare_into(
-    tmp: Path, cfg: DataConfig, corpora: dict[str, Corpus], inputs: dict, options: dict
-) -> dict[str, Any]:
+    tmp: Path, cfg: DataConfig, corpora: dict[str, Corpus], inputs: dict, options: dict,
+    vocabulary: str | Path | None,
+) -> dict[str, Any]:  # fmt: skip
     for split, corpus in corpora.items():  # every input is checked before any real work
         inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(corpus, cfg.skip_invalid_utf8)
     workers = cfg.workers or os.cpu_count() or 1
-    tok = _train_vocabulary(tmp, cfg, corpora["train"], inputs["train"]["src"]["lines"], workers)
+    if vocabulary is not None:
+        from transduce.checkpoint import copy_vocab
+
+        copy_vocab(vocabulary, tmp)  # the very files: the run's vocabulary identity is the pretrained one's
+        tok = load_vocabulary(tmp)
+        log.info("encoding with the vocabulary of %s (%s)", vocabulary, tok)
+    else:
+        tok = _train_vocabulary(tmp, cfg, corpora["train"], inputs["train"]["src"]["lines"], workers)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
     enc_opts = EncodeOptions(
         str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup, cfg.case_augment
@@ -155,7 +175,7 @@ def _prepare_into(
     with _Encoder(enc_opts, workers) as encoder:
         for split, corpus in corpora.items():
             writer = SplitWriter(tmp, split, dtype)
-            counts = _encode_split(encoder, writer, split, corpus, dedup=cfg.dedup and split == "train")
+            counts = _encode_split(encoder, writer, split, corpus, dedup=cfg.dedup and _kind(split) == "train")
             info = writer.close()
             splits[split] = {
                 **info,
@@ -250,7 +270,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
 
 
 def _chunks(split: str, corpus: Corpus) -> Iterator[Chunk]:
-    train = split == "train"
+    train = _kind(split) == "train"  # the mixed-in corpus is training data too: cleaned the same way
     src, tgt = str(corpus.src), str(corpus.tgt)
     first, s_buf, t_buf = 0, [], []
     for lineno, s, t in corpus.pairs():
@@ -321,7 +341,7 @@ class _Encoder:
 
 
 def _kind(split: str) -> str:
-    return split if split in ("train", "valid") else "test"
+    return "train" if split in ("train", MIX_SPLIT) else "valid" if split == "valid" else "test"
 
 
 def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
@@ -330,6 +350,8 @@ def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
                         "--tgt-file)")  # fmt: skip
     fields = (cfg.src_field, cfg.tgt_field)
     corpora = {"train": resolve_corpus(cfg.train, cfg.src_lang, cfg.tgt_lang, fields)}
+    if cfg.mix:
+        corpora[MIX_SPLIT] = resolve_corpus(cfg.mix, cfg.src_lang, cfg.tgt_lang, fields)
     if cfg.valid:
         corpora["valid"] = resolve_corpus(cfg.valid, cfg.src_lang, cfg.tgt_lang, fields)
     for spec in cfg.test:

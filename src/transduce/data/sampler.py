@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from transduce.data.binary import MIX_SPLIT, ParallelDataset
 from transduce.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -246,3 +247,84 @@ def padding_stats(sampler: TokenBatchSampler) -> dict[str, float]:
         padded_total += total
     out["padding_share"] = 1 - real_total / padded_total
     return out
+
+
+class MixedBatchSampler:
+    """Adds pairs of a second corpus (``data.mix``, e.g. general-domain text against forgetting) to every batch of
+    a :class:`TokenBatchSampler`, so that a share ``share`` of the sentences comes from it.
+
+    A batch of ``n`` pairs gets ``k`` pairs of the second corpus, ``k`` the stochastic rounding of
+    ``n * share / (1 - share)``: over many batches ``sum(k) / sum(n + k)`` tends to ``share``. They are drawn
+    uniformly among its pairs no longer than the batch's longest (the shortest ones when none is), so padding does
+    not grow; build ``main`` with ``max_tokens * (1 - share)`` to keep batches within the budget. Indices of the
+    second corpus are returned offset by ``offset`` (see :class:`ConcatPairs`). The draw is a pure function of
+    ``(seed, epoch, position, rank)``, so resuming is exact.
+    """
+
+    def __init__(
+        self, main: TokenBatchSampler, src_lengths: np.ndarray, tgt_lengths: np.ndarray, share: float, *,
+        offset: int, seed: int,
+    ) -> None:  # fmt: skip
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"share must be in (0, 1), got {share}")
+        longest = np.maximum(np.asarray(src_lengths, np.int64), np.asarray(tgt_lengths, np.int64))
+        if len(longest) == 0:
+            raise DataError("the corpus to mix in (data.mix) has no sentence pairs")
+        self.main, self.share, self.offset, self.seed = main, share, offset, seed
+        self._order = np.argsort(longest, kind="stable")
+        self._sorted = longest[self._order]
+
+    def __len__(self) -> int:
+        return len(self.main)
+
+    def _mixed(self, indices: list[int], epoch: int, position: int) -> list[int]:
+        rng = np.random.default_rng([self.seed, epoch, position, self.main.rank])
+        n = len(indices)
+        expected = n * self.share / (1.0 - self.share)
+        k = int(expected) + int(rng.random() < expected - int(expected))
+        if k == 0:
+            return indices
+        longest = int(max(max(self.main.src_lengths[i], self.main.tgt_lengths[i]) for i in indices))
+        # those that fit (drawn with replacement when they are fewer than k), else the k shortest
+        fitting = int(np.searchsorted(self._sorted, longest, side="right")) or min(k, len(self._sorted))
+        chosen = self._order[rng.choice(fitting, size=k, replace=k > fitting)]
+        return indices + (chosen + self.offset).tolist()
+
+    def iter_from(self, epoch: int, position: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of ``epoch`` from ``position`` on, each with its share of the second corpus."""
+        for p, indices in enumerate(self.main.iter_from(epoch, position), start=position):
+            yield self._mixed(indices, epoch, p)
+
+
+class ConcatPairs:
+    """Two datasets as one: indices below ``len(first)`` are ``first``'s, the rest ``second``'s (offset)."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second, self.offset = first, second, len(first)
+
+    def __len__(self) -> int:
+        return self.offset + len(self.second)
+
+    def __getitem__(self, i: int):
+        return self.first[i] if i < self.offset else self.second[i - self.offset]
+
+
+def training_data(
+    prepared, max_tokens: int, mix_share: float, *, seed: int, rank: int = 0, world_size: int = 1
+) -> tuple[ParallelDataset | ConcatPairs, TokenBatchSampler | MixedBatchSampler, TokenBatchSampler]:
+    """The training split of a prepared directory and its batches: ``(dataset, sampler, main sampler)``.
+
+    With ``mix_share`` > 0 the prepared ``mix`` split (``data.mix``) is mixed into every batch
+    (:class:`MixedBatchSampler`; the training pairs' batches get ``max_tokens * (1 - mix_share)``), and the dataset
+    covers both; else the sampler is the main one.
+    """
+    train = ParallelDataset(prepared, "train")
+    main = TokenBatchSampler(
+        train.src_lengths, train.tgt_lengths, max(1, int(max_tokens * (1 - mix_share))), seed=seed, rank=rank,
+        world_size=world_size,
+    )  # fmt: skip
+    if mix_share <= 0:
+        return train, main, main
+    mix = ParallelDataset(prepared, MIX_SPLIT)
+    sampler = MixedBatchSampler(main, mix.src_lengths, mix.tgt_lengths, mix_share, offset=len(train), seed=seed)
+    return ConcatPairs(train, mix), sampler, main

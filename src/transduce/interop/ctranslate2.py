@@ -29,7 +29,8 @@ import torch
 
 from transduce.errors import InteropError
 from transduce.interop import prepare_output, require
-from transduce.interop.marian import MarianVocab, load_any
+from transduce.interop.marian import load_any
+from transduce.interop.marian_vocab import MarianVocab
 from transduce.model import Transformer, sinusoid
 
 log = logging.getLogger(__name__)

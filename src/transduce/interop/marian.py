@@ -1,9 +1,9 @@
 """Hugging Face Marian in and out.
 
-``export_hf(RUN, OUT)`` writes a directory that ``transformers.MarianMTModel.from_pretrained`` and
-``MarianTokenizer.from_pretrained`` load with no code of ours; ``load_hf(DIR)`` / ``import_hf(DIR, OUT)`` read a
-Marian model (the public opus-mt models included) into our :class:`~transduce.model.Transformer`, so our beam
-search, server and tools work with it.
+``export_hf(RUN, OUT)`` writes a directory that ``transformers.MarianMTModel.from_pretrained`` (or
+``PegasusForConditionalGeneration``'s, for pre-norm models) and ``MarianTokenizer.from_pretrained`` load with no code
+of ours; ``load_hf(DIR)`` / ``import_hf(DIR, OUT)`` read a Marian model (the public opus-mt models included) into our
+:class:`~transduce.model.Transformer`, so our beam search, server and tools work with it.
 
 The two architectures are the same function up to one detail: Marian's sinusoidal position table puts the sines
 of all frequencies first and the cosines second (``[sin | cos]``), ours interleaves them (``sin, cos, sin, ...``)
@@ -13,10 +13,11 @@ those dimensions: embedding columns, the input columns of every projection that 
 (and biases) of every projection that writes it, and the LayerNorm parameters. The permuted model computes exactly
 the same logits with Marian's own position table, which ``from_pretrained`` always regenerates.
 
-What Marian cannot express, export refuses with the reason: pre-norm layers (Marian is post-norm; CTranslate2
-export handles pre-norm), learned positions, and a LayerNorm epsilon other than Marian's 1e-5. Every export is
-checked before it is written: the saved directory is loaded back with ``from_pretrained`` and its logits must
-equal ours within 1e-4.
+Pre-norm models (Marian is post-norm) are written as ``PegasusForConditionalGeneration`` instead, with the same
+weight correspondence plus the final LayerNorms (:mod:`transduce.interop.pegasus` says why Pegasus and not M2M100).
+What neither can express, export refuses with the reason: learned positions, a LayerNorm epsilon other than 1e-5,
+and for pre-norm models separate vocabularies. Every export is checked before it is written: the saved directory
+is loaded back with ``from_pretrained`` and its logits must equal ours within 1e-4.
 
 Token ids: our vocabularies put pad, bos, eos, unk at 0-3 and the decoder starts from bos; the exported
 ``vocab.json`` lists our SentencePiece pieces in id order and the config names those ids. Marian's own models put
@@ -30,10 +31,8 @@ import json
 import logging
 import shutil
 import tempfile
-import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,13 +40,14 @@ from torch import Tensor
 from transduce.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transduce.errors import InteropError
 from transduce.interop import prepare_output, require
+from transduce.interop.marian_vocab import MarianVocab, write_marian_vocab
+from transduce.interop.pegasus import pegasus_config, pegasus_problems
 from transduce.model import Transformer
 
 log = logging.getLogger(__name__)
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which MarianMTModel uses
 _MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # Marian -> ours
-_VOCAB_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 PARITY_ATOL = 1e-4
 
 
@@ -113,6 +113,9 @@ def _weight_table(model: Transformer) -> list[tuple[str, Tensor | None, str]]:
         linear(f"{p}.fc1", layer.ffn.w1.weight, layer.ffn.w1.bias, reads_stream=True)
         linear(f"{p}.fc2", layer.ffn.w2.weight, layer.ffn.w2.bias, reads_stream=False)
         norm(f"{p}.final_layer_norm", layer.norm3)
+    if c.norm == "pre":  # the final LayerNorms of pre-norm stacks (Pegasus has them; Marian is post-norm)
+        norm("model.encoder.layer_norm", model.encoder_norm)
+        norm("model.decoder.layer_norm", model.decoder_norm)
     return rows
 
 
@@ -172,13 +175,11 @@ def copy_from_marian(hf, model: Transformer) -> None:
 
 
 def export_problems(c: ModelConfig) -> list[str]:
-    """Why a model with config ``c`` cannot be written as a MarianMTModel (empty when it can)."""
+    """Why a model with config ``c`` cannot be written as a MarianMTModel, or as a Pegasus model when it is pre-norm
+    (empty when it can)."""
+    if c.norm == "pre":
+        return pegasus_problems(c)
     problems = []
-    if c.norm != "post":
-        problems.append(
-            f"model.norm is {c.norm!r}, and Marian has post-norm layers only (export --format ctranslate2 runs "
-            "pre-norm models)"
-        )
     if c.positions != "sinusoidal":
         problems.append(f"model.positions is {c.positions!r}, and Marian has sinusoidal positions only")
     if c.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
@@ -267,165 +268,6 @@ def model_config_from_marian(hf_config, *, unk_id: int, output_bias: bool) -> Mo
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# vocabularies
-
-
-class MarianVocab:
-    """A Marian vocabulary (``source.spm``/``target.spm`` SentencePiece models and ``vocab.json`` mapping pieces to
-    the model's ids, ``target_vocab.json`` too when the vocabularies are separate), read through
-    ``transformers.MarianTokenizer``. It has the methods of :class:`transduce.tokenizer.Tokenizer` that
-    translating uses, so a :class:`transduce.translate.Translator` takes it as its tokenizer.
-
-    Args:
-        directory: holds the files above.
-        meta: ``separate_vocabs`` (bool), optionally ``source_lang`` and ``target_lang``.
-    """
-
-    lowercase = False
-
-    def __init__(self, directory: str | Path, meta: dict[str, Any]) -> None:
-        self.directory = Path(directory)
-        self.separate = bool(meta.get("separate_vocabs", False))
-        self.meta = {
-            "kind": "marian",
-            "separate_vocabs": self.separate,
-            "source_lang": meta.get("source_lang"),
-            "target_lang": meta.get("target_lang"),
-        }
-        needed = [*_VOCAB_FILES[:3], *_VOCAB_FILES[3:] * self.separate]
-        missing = [name for name in needed if not (self.directory / name).is_file()]
-        if missing:
-            raise InteropError(f"{self.directory}: Marian vocabulary files missing: {', '.join(missing)}")
-        self._tok = marian_tokenizer(
-            self.directory, separate=self.separate, src_lang=self.meta["source_lang"], tgt_lang=self.meta["target_lang"]
-        )
-        self._lock = threading.Lock()  # MarianTokenizer switches between source and target mode in place
-        self._src = {i: p for p, i in self._tok.encoder.items()}
-        self._tgt = dict(self._tok.decoder)
-        self.joint = not self.separate
-        self.eos_id = self._tok.eos_token_id
-        self._skip = {self._tok.pad_token_id}
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path) -> MarianVocab:
-        """The vocabulary of a Hugging Face Marian model directory (``tokenizer_config.json`` says whether the
-        vocabularies are separate)."""
-        directory = Path(directory)
-        meta: dict[str, Any] = {}
-        config_file = directory / "tokenizer_config.json"
-        if config_file.is_file():
-            meta = json.loads(config_file.read_text(encoding="utf-8"))
-        return cls(directory, meta)
-
-    def save(self, directory: str | Path) -> Path:
-        """Copy the vocabulary files into ``directory`` with our ``tokenizer.json`` saying what they are."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        for name in _VOCAB_FILES:
-            if (self.directory / name).is_file() and (name != "target_vocab.json" or self.separate):
-                shutil.copyfile(self.directory / name, directory / name)
-        (directory / "tokenizer.json").write_text(json.dumps(self.meta, indent=2) + "\n", encoding="utf-8")
-        return directory
-
-    @property
-    def unk_id(self) -> int:
-        return self._tok.unk_token_id
-
-    @property
-    def src_vocab_size(self) -> int:
-        return len(self._src)
-
-    @property
-    def tgt_vocab_size(self) -> int:
-        return len(self._tgt)
-
-    def normalise(self, text: str) -> str:
-        return text
-
-    def encode_src(self, text: str) -> list[int]:
-        return self.encode_src_batch([text])[0]
-
-    def encode_src_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        with self._lock:
-            return [list(ids) for ids in self._tok(list(texts), add_special_tokens=False)["input_ids"]]
-
-    def encode_tgt(self, text: str) -> list[int]:
-        with self._lock:
-            return list(self._tok(text_target=text, add_special_tokens=False)["input_ids"])
-
-    def decode_tgt(self, ids: Iterable[int]) -> str:
-        kept = []
-        for i in map(int, ids):
-            if i == self.eos_id:
-                break
-            if i not in self._skip:
-                kept.append(i)
-        with self._lock:
-            return self._tok.decode(kept, skip_special_tokens=True)
-
-    def src_pieces(self, ids: Iterable[int]) -> list[str]:
-        return [self._src.get(int(i), self._tok.unk_token) for i in ids]
-
-    def tgt_pieces(self, ids: Iterable[int]) -> list[str]:
-        return [self._tgt.get(int(i), self._tok.unk_token) for i in ids]
-
-    def pieces_in_id_order(self, side: str) -> list[str]:
-        """Every piece of the ``"src"`` or ``"tgt"`` vocabulary, indexed by id."""
-        table = self._src if side == "src" else self._tgt
-        return [table[i] for i in range(len(table))]
-
-    def __repr__(self) -> str:
-        return f"MarianVocab({self.directory}, separate={self.separate})"
-
-
-def _vocab_json(pieces: list[str], where: str) -> dict[str, int]:
-    vocab = {}
-    for i, piece in enumerate(pieces):
-        if piece in vocab:
-            raise InteropError(f"{where}: piece {piece!r} appears twice (ids {vocab[piece]} and {i})")
-        vocab[piece] = i
-    return vocab
-
-
-def marian_tokenizer(directory: Path, *, separate: bool, src_lang: str | None, tgt_lang: str | None):
-    """``transformers.MarianTokenizer`` over the Marian vocabulary files in ``directory``."""
-    transformers = require("transformers")
-    return transformers.MarianTokenizer(
-        source_spm=str(directory / "source.spm"),
-        target_spm=str(directory / "target.spm"),
-        vocab=str(directory / "vocab.json"),
-        target_vocab_file=str(directory / "target_vocab.json") if separate else None,
-        separate_vocabs=separate,
-        source_lang=src_lang,
-        target_lang=tgt_lang,
-    )
-
-
-def write_marian_vocab(tokenizer, directory: Path, *, src_lang: str | None, tgt_lang: str | None) -> None:
-    """The files ``MarianTokenizer`` reads for our tokenizer (or copies of an imported Marian vocabulary), written
-    into ``directory`` by ``MarianTokenizer.save_pretrained``."""
-    langs = dict(src_lang=src_lang, tgt_lang=tgt_lang)
-    if isinstance(tokenizer, MarianVocab):
-        tok = marian_tokenizer(tokenizer.directory, separate=tokenizer.separate, **langs)
-        tok.save_pretrained(str(directory))
-        return
-    staging = Path(tempfile.mkdtemp(prefix="marian-vocab-"))
-    try:
-        src_proto, tgt_proto = tokenizer.model_protos()
-        (staging / "source.spm").write_bytes(src_proto)
-        (staging / "target.spm").write_bytes(tgt_proto)
-        sides = [("vocab.json", tokenizer.src_pieces, tokenizer.src_vocab_size, "source vocabulary")]
-        if not tokenizer.joint:
-            sides.append(("target_vocab.json", tokenizer.tgt_pieces, tokenizer.tgt_vocab_size, "target vocabulary"))
-        for name, pieces, size, what in sides:
-            vocab = _vocab_json(pieces(range(size)), what)
-            (staging / name).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        marian_tokenizer(staging, separate=not tokenizer.joint, **langs).save_pretrained(str(directory))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
 # export
 
 
@@ -455,10 +297,22 @@ def marian_logits(hf, src: Tensor, tgt_in: Tensor, pad_id: int) -> Tensor:
 
 def marian_model(model: Transformer):
     """A ``transformers.MarianMTModel`` (in eval mode) that computes ``model``'s function: built from
-    :func:`marian_config`, weights copied by :func:`copy_to_marian`."""
-    hf = require("transformers").MarianMTModel(marian_config(model.config)).eval()
+    :func:`marian_config`, weights copied by :func:`copy_to_marian`; for a pre-norm model a
+    ``PegasusForConditionalGeneration`` (:mod:`transduce.interop.pegasus`) instead."""
+    hf = hf_class(model.config)(hf_config(model.config)).eval()
     copy_to_marian(model, hf)
     return hf
+
+
+def hf_class(c: ModelConfig):
+    """The transformers class a model exports as: MarianMTModel (post-norm) or PegasusForConditionalGeneration."""
+    transformers = require("transformers")
+    return transformers.PegasusForConditionalGeneration if c.norm == "pre" else transformers.MarianMTModel
+
+
+def hf_config(c: ModelConfig):
+    """The transformers config of :func:`hf_class`."""
+    return pegasus_config(c) if c.norm == "pre" else marian_config(c)
 
 
 def parity_error(model: Transformer, hf) -> float:
@@ -485,8 +339,9 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
     transformers = require("transformers")
     model, config, tokenizer = load_any(source)
     problems = export_problems(model.config)
+    arch = "Pegasus" if model.config.norm == "pre" else "Marian"
     if problems:
-        raise InteropError(f"{source}: cannot export to Hugging Face Marian: {'; '.join(problems)}")
+        raise InteropError(f"{source}: cannot export to Hugging Face {arch}: {'; '.join(problems)}")
     out = prepare_output(out_dir, overwrite=overwrite)
     hf = marian_model(model)
     c, d = model.config, config.decode
@@ -510,21 +365,22 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
         hf.save_pretrained(str(staging))
         write_marian_vocab(tokenizer, staging, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang)
         (staging / "README.md").write_text(_model_card(config, source), encoding="utf-8")
-        reloaded = transformers.MarianMTModel.from_pretrained(str(staging)).eval()
+        reloaded = hf_class(model.config).from_pretrained(str(staging)).eval()
         err = parity_error(model, reloaded)
         if err > PARITY_ATOL:
-            raise InteropError(f"{source}: the exported Marian model's logits differ from ours by {err:.2e}")
+            raise InteropError(f"{source}: the exported {arch} model's logits differ from ours by {err:.2e}")
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("exported %s to %s (Hugging Face Marian; logits within %.1e of ours)", source, out, err)
+    log.info("exported %s to %s (Hugging Face %s; logits within %.1e of ours)", source, out, arch, err)
     return out
 
 
 def _model_card(config: Config, source: str | Path) -> str:
     c, d = config.model, config.decode
+    cls = hf_class(c).__name__
     case = (
         "\nThe model was trained on **lowercased** text and MarianTokenizer does not lowercase: lowercase the "
         "input yourself.\n"
@@ -541,7 +397,7 @@ def _model_card(config: Config, source: str | Path) -> str:
     return f"""---
 library_name: transformers
 pipeline_tag: translation
-tags: [translation, marian, transduce]
+tags: [translation, {"pegasus" if c.norm == "pre" else "marian"}, transduce]
 ---
 # {config.data.src_lang}-{config.data.tgt_lang} Transformer exported by transduce
 
@@ -549,10 +405,10 @@ Exported from `{source}`: {c.encoder_layers}+{c.decoder_layers} layers, d_model 
 {c.heads} heads, vocabulary {c.src_vocab_size}{"" if c.share_vocab else f"/{c.tgt_vocab_size}"}.
 {case}
 ```python
-from transformers import MarianMTModel, MarianTokenizer
+from transformers import {cls}, MarianTokenizer
 
 tok = MarianTokenizer.from_pretrained("THIS_DIRECTORY")
-model = MarianMTModel.from_pretrained("THIS_DIRECTORY")
+model = {cls}.from_pretrained("THIS_DIRECTORY")
 batch = tok(["A sentence to translate."], return_tensors="pt", padding=True)
 print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
@@ -611,10 +467,10 @@ def load_any(path: str | Path, device: str | torch.device = "cpu"):
     if is_marian_dir(path):
         return load_hf(path, device)
     from transduce.checkpoint import load_model
-    from transduce.tokenizer import Tokenizer
+    from transduce.vocab import load_vocabulary
 
     model, config, vocab_dir = load_model(path, device)
-    return model, config, Tokenizer.load(vocab_dir)
+    return model, config, load_vocabulary(vocab_dir)
 
 
 def import_hf(directory: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
