@@ -47,7 +47,7 @@ def main() -> None:
         sources, references = sources[: args.limit], references[: args.limit]
     translator = Translator.load(args.model)
     insensitive = BLEU(lowercase=True)
-    print(f"model {args.model}; {len(sources)} sentences; case-insensitive BLEU: {insensitive.get_signature()}")
+    print(f"model {args.model}; {len(sources)} sentences")
     header = ("input_case", "source", "BLEU (case-insensitive)", "vs normal", "cased sacreBLEU", "lc-tok BLEU", "s")
     rows = []
     for mode in args.input_case.split(","):
@@ -65,6 +65,7 @@ def main() -> None:
                 lc_tok = f"{score_tokenized_lowercase(hyps, references, args.lang).bleu_lc_tok:.2f}"
             rows.append((mode, name, f"{bleu:.2f}", f"{bleu - normal:+.2f}", cased, lc_tok, f"{seconds:.0f}"))
     print(table(header, rows))
+    print(f"case-insensitive BLEU: {insensitive.get_signature()}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ _DDP_VALIDATION_SCRIPT = textwrap.dedent(
     from transduce.trainer import Trainer
 
     torch.set_num_threads(1)
-    config = Config(model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30), train=TrainConfig())
+    model = ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30)
+    config = Config(model=model, train=TrainConfig(precision="fp32"))
     dist = setup("cpu")
     torch.manual_seed(0)
     model = Transformer(config.model)
@@ -154,7 +155,7 @@ def _trainer(dropout_free: bool = False, **train):
     extra = {"dropout": 0.0} if dropout_free else {}
     config = Config(
         model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, **extra),
-        train=TrainConfig(warmup_steps=10, **train),
+        train=TrainConfig(**{"warmup_steps": 10, "precision": "fp32", **train}),
     )
     torch.manual_seed(0)
     return Trainer(config, Transformer(config.model), torch.device("cpu"))

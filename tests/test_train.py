@@ -82,7 +82,7 @@ def test_keep_last_prunes_old_checkpoints_but_not_the_best(data, tmp_path):
 def test_accumulating_k_batches_equals_one_big_batch():
     config = Config(
         model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, dropout=0.0),
-        train=TrainConfig(label_smoothing=0.1, warmup_steps=10),
+        train=TrainConfig(label_smoothing=0.1, warmup_steps=10, precision="fp32"),
     )
     g = torch.Generator().manual_seed(0)
     pairs = [(torch.randint(4, 30, (n,), generator=g).tolist(), torch.randint(4, 30, (n + 2,), generator=g).tolist())
@@ -141,7 +141,7 @@ def test_nonfinite_losses_are_skipped_then_stop_training(data, tmp_path, monkeyp
 def test_a_nonfinite_gradient_with_a_finite_loss_skips_the_update(clip_norm, bad):
     config = Config(
         model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30, dropout=0.0),
-        train=TrainConfig(warmup_steps=10, clip_norm=clip_norm),
+        train=TrainConfig(warmup_steps=10, clip_norm=clip_norm, precision="fp32"),
     )
     torch.manual_seed(0)
     trainer = Trainer(config, Transformer(config.model), torch.device("cpu"))
@@ -348,7 +348,8 @@ def test_plain_log_line_every_log_interval(data, tmp_path, monkeypatch):
 def test_resuming_a_checkpoint_of_an_unfused_adam_keeps_the_fused_one():
     """Optimizer.load_state_dict takes the group options from the checkpoint: a run saved before the trainer used
     fused Adam must not come back on the per-tensor loop."""
-    config = Config(model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30), train=TrainConfig())
+    model = ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30)
+    config = Config(model=model, train=TrainConfig(precision="fp32"))
     trainer = Trainer(config, Transformer(config.model), torch.device("cpu"))
     old = torch.optim.Adam(trainer.params, lr=0.0, betas=(0.9, 0.98), eps=1e-9)  # torch's default: not fused
     state = {**trainer.state_dict(), "optimizer": old.state_dict()}
