@@ -52,6 +52,8 @@ def test_normalize_and_restore():
     assert casing.normalize("Two Dogs Run Fast") == ("two dogs run fast", "title")
     assert casing.normalize("Two dogs run.") == ("Two dogs run.", None)
     assert casing.restore("Zwei Hunde rennen.", "upper") == "ZWEI HUNDE RENNEN."
+    assert casing.restore("Ein großer Hund auf der Straße.", "upper") == "EIN GROẞER HUND AUF DER STRAẞE."
+    assert casing.restore("Straße", "upper").lower() == "straße"  # "SS" would not give the word back
     assert casing.restore("zwei Hunde rennen im Park.", "title") == "Zwei Hunde Rennen Im Park."
     assert casing.restore("Zwei Hunde rennen.", None) == "Zwei Hunde rennen."
     assert casing.title("l'homme  d'affaires") == "L'homme  D'affaires"  # not str.title's "L'Homme"

@@ -73,8 +73,8 @@ def normalize(text: str) -> tuple[str, Style | None]:
 
 def restore(text: str, style: Style | None) -> str:
     """A translation given the input's style back: upper-cased for "upper", title-cased for "title"."""
-    if style == "upper":
-        return text.upper()
+    if style == "upper":  # "ß" as the capital "ẞ", not "SS": lowercasing the output gives the word back
+        return text.replace("ß", "ẞ").upper()
     if style == "title":
         return title(text)
     return text
