@@ -108,6 +108,10 @@ def test_parse_command_scores_a_treebank_and_parses_text(toy_run, tmp_path, caps
     assert capsys.readouterr().out.startswith("F1 100.00  P 100.00  R 100.00  exact 100.00%  (30 sentences, 0 ")
     info = json.loads(scores.read_text(encoding="utf-8"))
     assert (info["f1"], info["exact_match"], info["repaired_share"], info["sentences"]) == (100.0, 100.0, 0.0, 30)
+    assert info["constrained"] is True
+    assert main([*args, "--unconstrained", "--scores", str(scores)]) == 0
+    assert json.loads(scores.read_text(encoding="utf-8"))["constrained"] is False
+    capsys.readouterr()
     assert len(out.read_text(encoding="utf-8").splitlines()) == 30
     text = tmp_path / "in.txt"
     text.write_text("Kim sees a big dog .\n\nthe cat sleeps .\n", encoding="utf-8")
@@ -160,14 +164,19 @@ class _NbestTranslator:
 
         self.hyps = [Translation(t, -float(i), -float(i)) for i, t in enumerate(texts)]
         self.decode = PAPER_DECODE
-        self.model = SimpleNamespace(config=SimpleNamespace(tgt_vocab_size=3))
-        self.tokenizer = SimpleNamespace(tgt_pieces=lambda ids: ["(S", ")S", "XX"])
+        pieces = ["<pad>", "<s>", "</s>", "(S", ")S", "XX"]
+        self.model = SimpleNamespace(config=SimpleNamespace(tgt_vocab_size=len(pieces), eos_id=2))
+        self.tokenizer = SimpleNamespace(tgt_pieces=lambda ids: [pieces[i] for i in ids])
+        self.device = "cpu"
+        self.constraints: list = []  # the constraint factory of each call (None: unconstrained)
 
-    def translate_nbest(self, texts, *, nbest, decode):
+    def translate_nbest(self, texts, *, nbest, decode, constraint=None):
         assert nbest == decode.beam == 21
+        self.constraints.append(constraint)
         return [self.hyps[:nbest] for _ in texts]
 
-    def translate(self, texts, *, decode):
+    def translate(self, texts, *, decode, constraint=None):
+        self.constraints.append(constraint)
         return [self.hyps[0].text for _ in texts]
 
 
@@ -182,3 +191,13 @@ def test_parse_takes_the_best_well_formed_hypothesis_of_the_beam():
     assert first.tree.to_string() == "(S (NP (XX Kim)) (XX sleeps) (XX .))"
     (fallback,) = Parser(_NbestTranslator(beam[:1])).parse([words])  # type: ignore[arg-type]
     assert fallback.output == beam[0] and fallback.repair.needed
+
+
+def test_parse_constrains_the_search_to_the_sentences_words():
+    translator = _NbestTranslator(["(S XX XX )S"])
+    parser = Parser(translator)  # type: ignore[arg-type]
+    parser.parse([["a", "b"], ["c", "d", "e"], ["f"]])
+    parser.parse([["a", "b"]], constrained=False)
+    rule, none = translator.constraints
+    assert none is None
+    assert rule([2, 0]).words.tolist() == [1, 2]  # the batch's sentences, by their index in the input

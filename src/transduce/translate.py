@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,11 +30,14 @@ from torch import nn
 from transduce import casing
 from transduce.config import ConfigError, DecodeConfig
 from transduce.device import allow_tf32, check_precision, resolve_device
-from transduce.search import Hypothesis, generate, length_batches
+from transduce.search import Hypothesis, SearchConstraint, generate, length_batches
 from transduce.search.common import pad_sequences
 from transduce.textio import read_lines
 
 log = logging.getLogger(__name__)
+
+#: builds the search constraint of a batch from the indices of its sentences in the input
+ConstraintFactory = Callable[[list[int]], SearchConstraint]
 
 DEFAULT_MAX_INPUT_TOKENS = 1024  # longest source (subword tokens) translated in one piece with sinusoidal positions
 _LINE_BREAKS = str.maketrans(dict.fromkeys("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", " "))  # str.splitlines' set
@@ -151,7 +154,13 @@ class Translator:
     # public API
 
     def translate(
-        self, sentences: Sequence[str], *, beam: int | None = None, decode: DecodeConfig | None = None, **options: Any
+        self,
+        sentences: Sequence[str],
+        *,
+        beam: int | None = None,
+        decode: DecodeConfig | None = None,
+        constraint: ConstraintFactory | None = None,
+        **options: Any,
     ) -> list[str]:
         """Translate sentences; returns one string per input, in input order.
 
@@ -159,12 +168,15 @@ class Translator:
             sentences: raw source sentences.
             beam: beam size (default: the translator's configuration).
             decode: a whole decoding configuration instead of the translator's.
+            constraint: a further rule on the next token (e.g. parsing's tree constraint): called with the indices
+                (into ``sentences``) of each batch's sentences, it returns their
+                :class:`transduce.search.SearchConstraint`; a sentence split into pieces gets its own for each.
             options: other :class:`DecodeConfig` fields (``length_penalty=1.0``, ``sampling=True``, ...); unknown
                 names raise :class:`transduce.config.ConfigError`.
         """
         _check_sentences(sentences, "translate")
         cfg = self.search_config(beam=beam, decode=decode, **options)
-        return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg)]
+        return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg, constraint)]
 
     def translate_nbest(
         self,
@@ -173,16 +185,17 @@ class Translator:
         nbest: int,
         beam: int | None = None,
         decode: DecodeConfig | None = None,
+        constraint: ConstraintFactory | None = None,
         **options: Any,
     ) -> list[list[Translation]]:
         """The ``nbest`` best translations of each sentence with their scores, best first.
 
         The beam is widened to ``nbest`` if it is smaller. An empty sentence, and a sentence that had to be split,
-        get a single translation.
+        get a single translation. ``constraint``: as for :meth:`translate`.
         """
         _check_sentences(sentences, "translate_nbest")
         cfg = self.search_config(nbest=nbest, beam=beam, decode=decode, **options)
-        return self._translate(list(enumerate(sentences, start=1)), cfg)
+        return self._translate(list(enumerate(sentences, start=1)), cfg, constraint)
 
     def translate_file(
         self,
@@ -263,7 +276,9 @@ class Translator:
                 return [list(ids) for ids in batch(texts)]
             return [list(self.tokenizer.encode_src(t)) for t in texts]
 
-    def _translate(self, lines: list[tuple[int, str]], cfg: DecodeConfig) -> list[list[Translation]]:
+    def _translate(
+        self, lines: list[tuple[int, str]], cfg: DecodeConfig, constraint: ConstraintFactory | None = None
+    ) -> list[list[Translation]]:
         eos = self.model.config.eos_id
         width = cfg.nbest if cfg.sampling else cfg.beam  # hypotheses per sentence in the search
         styles: list[casing.Style | None] = [None] * len(lines)
@@ -291,7 +306,8 @@ class Translator:
         for indices in length_batches([len(seg[2]) for seg in segments], cfg.max_tokens, width):
             batch = [segments[k] for k in indices]
             src = pad_sequences([seg[2] for seg in batch], self.model.config.pad_id, self.device)
-            for seg, hyps in zip(batch, generate(self.model, src, cfg)):
+            rule = constraint([seg[0] for seg in batch]) if constraint is not None else None
+            for seg, hyps in zip(batch, generate(self.model, src, cfg, constraint=rule)):
                 results[seg[0], seg[1]] = hyps
 
         out: list[list[Translation]] = []

@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--first-best", action="store_true",
         help="the beam's best output, repaired if need be (default: its best well-formed output, if it has one)",
     )  # fmt: skip
+    parser.add_argument(
+        "--unconstrained", action="store_true",
+        help="let the search produce any token sequence, mended into a tree afterwards (default: only well-formed "
+        "trees with one leaf per word)",
+    )  # fmt: skip
     parser.add_argument("--unlabelled", action="store_true", help="with --treebank: also print unlabelled scores")
     parser.add_argument("--run-decoding", action="store_true", help="decode with the run's config, not the paper's")
     g = parser.add_argument_group("baselines (instead of --model)")
@@ -78,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
         parser = Parser(Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens))
         base = parser.translator.decode if args.run_decoding else PAPER_DECODE
-        results = parser.parse(sentences, decode_config(args, base), well_formed=not args.first_best)
+        results = parser.parse(
+            sentences, decode_config(args, base), well_formed=not args.first_best, constrained=not args.unconstrained
+        )
         trees, repaired = [r.tree for r in results], [r.repair.needed for r in results]
     seconds = time.perf_counter() - started
     with _open_output(args.output) as out:
@@ -96,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
             print("unlabelled:", evalb(gold, trees, replace(COLLINS, labelled=False), repaired=repaired).summary())
         if args.scores:
             info = {**score.to_dict(), "treebank": args.treebank, "seconds": round(seconds, 1),
-                    "parser": args.baseline or args.model}  # fmt: skip
+                    "parser": args.baseline or args.model,
+                    **({} if args.baseline else {"constrained": not args.unconstrained})}  # fmt: skip
             Path(args.scores).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return 0
 

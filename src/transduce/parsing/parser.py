@@ -2,8 +2,9 @@
 
 A :class:`Parser` wraps a :class:`transduce.translate.Translator` whose model was trained with ``data.task: parse``.
 It decodes each sentence into a linearised tree with the paper's search for parsing (:data:`PAPER_DECODE`: beam 21,
-GNMT length penalty α = 0.3, at most input + 300 tokens) and turns the tokens back into a tree over the sentence's
-words with :func:`~transduce.parsing.linearize.delinearise`, which never fails.
+GNMT length penalty α = 0.3, at most input + 300 tokens), constrained to well-formed trees over exactly the
+sentence's words (:class:`~transduce.parsing.constrained.TreeConstraint`), and turns the tokens back into a tree
+with :func:`~transduce.parsing.linearize.delinearise`, which never fails (and, constrained, has nothing to mend).
 
     parser = Parser.load("runs/ptb_parse")
     for result in parser.parse([["The", "cat", "sat", "."]]):
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from transduce.config import DecodeConfig
+from transduce.parsing.constrained import TreeConstraint, TreeVocabulary
 from transduce.parsing.linearize import Repair, delinearise
 from transduce.parsing.trees import Tree
 from transduce.translate import Translator
@@ -44,9 +46,18 @@ class Parser:
 
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
-        pieces = set(translator.tokenizer.tgt_pieces(range(translator.model.config.tgt_vocab_size)))
-        if not any(p.lstrip("▁").startswith("(") for p in pieces):
+        config = translator.model.config
+        self.pieces = list(translator.tokenizer.tgt_pieces(range(config.tgt_vocab_size)))
+        if not any(p.lstrip("▁").startswith("(") for p in self.pieces):
             log.warning("the model's target vocabulary has no opening brackets: was it trained with data.task: parse?")
+        self._vocab: TreeVocabulary | None = None
+
+    @property
+    def vocab(self) -> TreeVocabulary:
+        """The target ids by role, for the constrained search (built on first use)."""
+        if self._vocab is None:
+            self._vocab = TreeVocabulary(self.pieces, self.translator.model.config.eos_id, self.translator.device)
+        return self._vocab
 
     @classmethod
     def load(
@@ -60,7 +71,12 @@ class Parser:
         return self.translator.decode
 
     def parse(
-        self, sentences: Sequence[Sequence[str]], decode: DecodeConfig | None = None, *, well_formed: bool = True
+        self,
+        sentences: Sequence[Sequence[str]],
+        decode: DecodeConfig | None = None,
+        *,
+        well_formed: bool = True,
+        constrained: bool = True,
     ) -> list[ParseResult]:
         """Parse tokenised sentences (lists of words), in input order; an empty sentence gives an empty tree.
 
@@ -70,13 +86,22 @@ class Parser:
             well_formed: take, among the beam's finished hypotheses (best first), the first one that is a
                 well-formed tree over exactly the sentence's words (one leaf per word, balanced and matching
                 brackets); the best one, repaired, when there is none. ``False``: always the best one.
+            constrained: search only among well-formed trees over exactly the sentence's words (every output is
+                one); ``False``: the model's outputs as they come, mended by ``delinearise``.
         """
         cfg = decode or self.decode
         texts = [" ".join(words) for words in sentences]
+        rule = None
+        if constrained:
+            vocab, device = self.vocab, self.translator.device
+
+            def rule(batch: list[int]) -> TreeConstraint:
+                return TreeConstraint.for_rows(vocab, [len(sentences[i]) for i in batch], device)
+
         if not well_formed or cfg.sampling:
-            outputs = self.translator.translate(texts, decode=cfg)
+            outputs = self.translator.translate(texts, decode=cfg, constraint=rule)
             return [_result(list(words), out) for words, out in zip(sentences, outputs)]
-        nbest = self.translator.translate_nbest(texts, nbest=cfg.beam, decode=cfg)
+        nbest = self.translator.translate_nbest(texts, nbest=cfg.beam, decode=cfg, constraint=rule)
         results = []
         for words, hyps in zip(sentences, nbest):
             candidates = [_result(list(words), h.text) for h in hyps]

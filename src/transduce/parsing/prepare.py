@@ -141,9 +141,9 @@ def prepare_treebank(
             text_dir = out_dir / TEXT_DIR
             shutil.rmtree(text_dir, ignore_errors=True)
             shutil.copytree(tmp, text_dir)
-            for sides in manifest["inputs"].values():
-                for info in sides.values():
-                    info["path"] = str((text_dir / Path(info["path"]).name).resolve())
+            for record in manifest["inputs"].values():  # (a record also holds the corpus's format and fields)
+                for side in ("src", "tgt"):
+                    record[side]["path"] = str((text_dir / Path(record[side]["path"]).name).resolve())
             specs = {"train": cfg.train, "valid": cfg.valid, **{split_name(t): t for t in cfg.test}}
             manifest["treebanks"] = {split: spec for split, spec in specs.items() if spec}
             write_json(out_dir / MANIFEST_FILE, manifest)

@@ -18,10 +18,12 @@ from torch import Tensor
 from transduce.config import DecodeConfig
 from transduce.search.beam import beam_search, beam_step
 from transduce.search.common import Hypothesis, SearchModel, length_batches, length_penalty, max_lengths, rescore
+from transduce.search.constraints import SearchConstraint
 from transduce.search.greedy import filter_logits, greedy_search, sample
 
 __all__ = [
     "Hypothesis",
+    "SearchConstraint",
     "SearchModel",
     "beam_search",
     "beam_step",
@@ -37,7 +39,12 @@ __all__ = [
 
 
 def generate(
-    model: SearchModel, src: Tensor, cfg: DecodeConfig, *, generator: torch.Generator | None = None
+    model: SearchModel,
+    src: Tensor,
+    cfg: DecodeConfig,
+    *,
+    generator: torch.Generator | None = None,
+    constraint: SearchConstraint | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch as ``cfg`` says: sampling when ``cfg.sampling``, greedy when ``cfg.beam == 1``, else beam search.
 
@@ -46,13 +53,16 @@ def generate(
         src: (B, S) source ids, right-padded, each row ending with EOS.
         cfg: the decoding configuration.
         generator: random generator for sampling.
+        constraint: a further rule on the next token, one row per sentence of ``src`` (None: none, as for
+            translation); see :mod:`transduce.search.constraints`.
     Returns:
         For each sentence, a list of hypotheses, best first (``cfg.nbest`` of them; one for greedy).
     """
     lengths = dict(max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b, min_len=cfg.min_len)
     common = dict(
-        length_penalty=cfg.length_penalty, length_norm=cfg.length_norm, no_repeat_ngram=cfg.no_repeat_ngram, **lengths
-    )
+        length_penalty=cfg.length_penalty, length_norm=cfg.length_norm, no_repeat_ngram=cfg.no_repeat_ngram,
+        constraint=constraint, **lengths,
+    )  # fmt: skip
     if cfg.sampling:
         return sample(
             model, src, num_samples=cfg.nbest, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

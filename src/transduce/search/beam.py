@@ -34,6 +34,7 @@ from transduce.search.common import (
     next_token_log_probs,
 )
 from transduce.search.common import length_penalty as penalty
+from transduce.search.constraints import SearchConstraint
 
 
 def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -188,6 +189,7 @@ def beam_search(
     nbest: int = 1,
     early_stopping: bool = False,
     use_cache: bool = True,
+    constraint: SearchConstraint | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a batch of source sentences. See :mod:`transduce.search.common` for lengths and scores.
 
@@ -206,6 +208,8 @@ def beam_search(
             OpenNMT, CTranslate2 (patience 1) and Hugging Face's ``early_stopping=True``; fewer decoder steps, but
             a longer hypothesis that the length penalty would have ranked first can be missed. False (the
             default): stop only when no live hypothesis can beat the finished ones.
+        constraint: a further rule on the next token (:class:`transduce.search.constraints.SearchConstraint`), one
+            row per sentence of ``src``; e.g. :class:`transduce.parsing.constrained.TreeConstraint` for parsing.
         use_cache: False re-runs the decoder over the whole prefix every step (for the cache equivalence test).
     Returns:
         For each sentence, its ``nbest`` best hypotheses, best first.
@@ -248,7 +252,7 @@ def beam_search(
         # the candidates from the logits through the kernels where they apply: one kernel call, a row at a time, when
         # every row masks the same tokens (the usual step), else a normaliser and a top-k per row; else from a full
         # log-softmax
-        found = one_pass(last, 2 * beam, step, limits)
+        found = one_pass(last, 2 * beam, step, limits) if constraint is None else None
         if found is not None:
             normaliser, values, tokens = found
             cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
@@ -257,9 +261,13 @@ def beam_search(
         elif kernels.applies(last) and last.is_contiguous():
             normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
             constrain(last, step, **limits)
+            if constraint is not None:
+                constraint.mask(last, step, row_limit)
             cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
         else:
             log_probs = constrain(next_token_log_probs(logits), step, **limits)  # (rows, V)
+            if constraint is not None:
+                constraint.mask(log_probs, step, row_limit)
             total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
             cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
         cand_eos = cand_tokens.eq(cfg.eos_id)
@@ -283,6 +291,8 @@ def beam_search(
         source_rows = (torch.arange(m, device=device)[:, None] * width + cand_beams.gather(1, pick)).view(-1)
         tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
         history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
+        if constraint is not None:
+            constraint = constraint.reorder(source_rows).advance(tokens_in[:, 0])
         if width < beam:  # after the first step: every sentence's row becomes `beam` rows
             row_limit = row_limit.repeat_interleave(beam)
             if use_cache:
@@ -312,6 +322,8 @@ def beam_search(
             alive, scores = alive.index_select(0, keep), scores.index_select(0, keep)
             history, tokens_in = history.index_select(0, rows), tokens_in.index_select(0, rows)
             row_limit = row_limit.index_select(0, rows)
+            if constraint is not None:
+                constraint = constraint.reorder(rows)
             if use_cache:
                 cache = cache.select(rows)
             else:

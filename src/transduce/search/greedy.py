@@ -21,6 +21,7 @@ from transduce.search.common import (
     max_lengths,
     next_token_log_probs,
 )
+from transduce.search.constraints import SearchConstraint
 
 Picker = Callable[[Tensor], Tensor]  # (R, V) masked log-probabilities -> (R,) chosen ids
 
@@ -37,9 +38,11 @@ def _decode_rows(
     max_len_b: int,
     min_len: int,
     no_repeat_ngram: int,
+    constraint: SearchConstraint | None = None,
 ) -> list[Hypothesis]:
     """Extend ``copies`` rows per sentence until each produces EOS; returns the rows' hypotheses in row order
-    (sentence-major). ``pick`` None: the most likely token (greedy search)."""
+    (sentence-major). ``pick`` None: the most likely token (greedy search). ``constraint``: over the sentences'
+    rows (B), repeated here into ``copies`` rows each."""
     check_length_penalty(length_penalty, length_norm)
     cfg = model.config
     device = src.device
@@ -51,6 +54,8 @@ def _decode_rows(
     cache: Any = model.init_cache(memory).reorder(expand)
     memory = memory.index_select(expand)
     row_limit = max_lengths(model, src, max_len_a, max_len_b).index_select(0, expand)
+    if constraint is not None:
+        constraint = constraint.reorder(expand)
     alive = torch.arange(rows, device=device)
     history = torch.empty(rows, 0, dtype=torch.long, device=device)
     acc = torch.float32 if device.type == "mps" else torch.float64  # (mps has no float64)
@@ -66,12 +71,14 @@ def _decode_rows(
         # greedy search takes each row's best token and its log-probability from the logits through the kernels
         # (row_candidates, k = 1: the row's logsumexp and its largest allowed logit, one pass over the row) where they
         # apply and every row masks the same tokens, else from a full log-softmax
-        found = one_pass(last, 1, step, limits) if pick is None else None
+        found = one_pass(last, 1, step, limits) if pick is None and constraint is None else None
         if found is not None:
             normaliser, best, token = found
             chosen, chosen_lp = token[:, 0], best[:, 0] - normaliser  # (R,)
         else:
             log_probs = constrain(next_token_log_probs(logits), step, **limits)
+            if constraint is not None:
+                constraint.mask(log_probs, step, row_limit)
             chosen = log_probs.argmax(dim=-1) if pick is None else pick(log_probs)  # (R,)
             chosen_lp = log_probs.gather(1, chosen[:, None]).squeeze(1)
         log_prob += chosen_lp.to(acc)
@@ -87,6 +94,10 @@ def _decode_rows(
             alive, history, log_prob = alive[keep], history[keep], log_prob[keep]
             chosen, row_limit = chosen[keep], row_limit[keep]
             memory, cache = memory.index_select(keep), cache.select(keep)
+            if constraint is not None:
+                constraint = constraint.reorder(keep)
+        if constraint is not None:
+            constraint = constraint.advance(chosen)
         tokens_in = chosen[:, None]
         history = torch.cat([history, tokens_in], dim=1)
         step += 1
@@ -105,6 +116,7 @@ def greedy_search(
     max_len_b: int = 50,
     min_len: int = 0,
     no_repeat_ngram: int = 0,
+    constraint: SearchConstraint | None = None,
 ) -> list[Hypothesis]:
     """The most likely next token at every step.
 
@@ -112,13 +124,14 @@ def greedy_search(
         model: a :class:`SearchModel` in eval mode.
         src: (B, S) source ids, right-padded, each row ending with EOS.
         length_penalty, length_norm: only change the reported ``score``, never the tokens.
-        max_len_a, max_len_b, min_len, no_repeat_ngram: as for :func:`transduce.search.beam_search`.
+        max_len_a, max_len_b, min_len, no_repeat_ngram, constraint: as for :func:`transduce.search.beam_search`.
     Returns:
         One hypothesis per sentence.
     """
     return _decode_rows(
         model, src, None, copies=1, length_penalty=length_penalty, length_norm=length_norm,
         max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+        constraint=constraint,
     )  # fmt: skip
 
 
@@ -162,6 +175,7 @@ def sample(
     min_len: int = 0,
     no_repeat_ngram: int = 0,
     generator: torch.Generator | None = None,
+    constraint: SearchConstraint | None = None,
 ) -> list[list[Hypothesis]]:
     """Ancestral sampling with temperature, top-k and top-p. Scores are the model's own log-probabilities of the
     sampled tokens (temperature and filtering only decide what is drawn).
@@ -169,6 +183,7 @@ def sample(
     Args:
         num_samples: samples per sentence.
         generator: a seeded ``torch.Generator`` for reproducible samples.
+        constraint: as for :func:`transduce.search.beam_search`.
     Returns:
         For each sentence, its samples sorted by score, best first.
     """
@@ -182,6 +197,7 @@ def sample(
     rows = _decode_rows(
         model, src, pick, copies=num_samples, length_penalty=length_penalty, length_norm=length_norm,
         max_len_a=max_len_a, max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+        constraint=constraint,
     )  # fmt: skip
     groups = [rows[i : i + num_samples] for i in range(0, len(rows), num_samples)]
     return [sorted(g, key=lambda h: -h.score) for g in groups]

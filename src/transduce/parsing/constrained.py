@@ -1,0 +1,177 @@
+"""Constrained decoding for parsing: at every step only the tokens that can still lead to a well-formed tree over
+exactly the sentence's words may come next, so that every output is such a tree and :func:`~transduce.parsing.
+linearize.delinearise` has nothing to mend (Vinyals et al., 2015, and most sequence-to-sequence parsers since).
+
+The rules, per hypothesis, with ``n`` the sentence's words, ``depth`` the brackets open, ``leaves`` the leaves so far:
+
+- an opening bracket while ``leaves < n``, inside the root or as the root (one tree, not several);
+- a leaf only inside an open bracket and while ``leaves < n``;
+- a closing bracket only when the innermost open bracket holds a leaf, with its label (labelled closings), and
+  closing the root only once every word has its leaf;
+- EOS only when the root is closed over ``n`` leaves;
+- nothing that would leave too few tokens before the maximum length to place the remaining leaves and close every
+  bracket (``n - leaves + depth`` tokens, one more before the root is opened).
+
+Special tokens (``<unk>``, PAD, BOS) and pieces that are neither brackets nor whole words never come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from transduce.search.common import NEG_INF
+
+OTHER, OPEN, CLOSE, LEAF = 0, 1, 2, 3
+
+
+class TreeVocabulary:
+    """The target ids by role: opening brackets, closing brackets, leaves, EOS.
+
+    Args:
+        pieces: the target vocabulary's pieces, by id (SentencePiece's word-start mark ``▁`` is ignored).
+        eos_id: the end-of-sentence id.
+        device: where the lookup tensors live.
+    """
+
+    def __init__(self, pieces: Sequence[str], eos_id: int, device: torch.device | str = "cpu") -> None:
+        kinds, labels = [], []
+        names: dict[str, int] = {}
+        closing_of: dict[str, int] = {}
+        bare: int | None = None
+        for i, piece in enumerate(pieces):
+            word_start = piece.startswith("▁")
+            token = piece.lstrip("▁")
+            kind, label = OTHER, ""
+            if i == eos_id or not token or (token.startswith("<") and token.endswith(">")):
+                pass
+            elif token.startswith("(") and len(token) > 1 and not token[1].startswith(("(", ")")):
+                kind, label = OPEN, token[1:]
+            elif token.startswith(")"):
+                kind, label = CLOSE, token[1:]
+                if label:
+                    closing_of.setdefault(label, i)
+                elif bare is None:
+                    bare = i
+            elif word_start or not any(p.startswith("▁") for p in pieces):
+                kind = LEAF
+            kinds.append(kind)
+            labels.append(names.setdefault(label, len(names)) if kind == OPEN else 0)
+        self.labelled = bare is None
+        close_for_label = [0] * max(len(names), 1)
+        for label, index in names.items():
+            found = closing_of.get(label) if self.labelled else bare
+            close_for_label[index] = -1 if found is None else found
+        for i, kind in enumerate(kinds):  # an opening bracket the vocabulary cannot close is never opened
+            if kind == OPEN and close_for_label[labels[i]] < 0:
+                kinds[i] = OTHER
+        if not any(k == OPEN for k in kinds) or not any(k == LEAF for k in kinds):
+            raise ValueError("the target vocabulary has no opening brackets or no leaves: not a parsing model")
+        self.eos_id = eos_id
+        self.size = len(pieces)
+        self.kind = torch.tensor(kinds, dtype=torch.long, device=device)  # (V,)
+        self.label = torch.tensor(labels, dtype=torch.long, device=device)  # (V,): an opening bracket's label index
+        self.close_for_label = torch.tensor(close_for_label, dtype=torch.long, device=device).clamp(min=0)
+        self.open_ids = self.kind.eq(OPEN).nonzero().squeeze(1)
+        self.leaf_ids = self.kind.eq(LEAF).nonzero().squeeze(1)
+        self.close_ids = self.kind.eq(CLOSE).nonzero().squeeze(1)
+
+
+class TreeConstraint:
+    """A :class:`transduce.search.constraints.SearchConstraint` for linearised trees over ``words[r]`` leaves in row
+    ``r`` (see the module docstring).
+
+    Args:
+        vocab: the target vocabulary's roles.
+        words: (R,) long, the number of words of each row's sentence.
+
+    The state: ``depth``, ``leaves``, ``opened`` (a bracket was produced) per row, and a stack per row of the open
+    brackets' labels and whether each holds a leaf yet, (R, capacity), grown when a row gets deeper.
+    """
+
+    def __init__(self, vocab: TreeVocabulary, words: Tensor) -> None:
+        rows, device = words.shape[0], words.device
+        self.vocab = vocab
+        self.words = words
+        self.depth = torch.zeros(rows, dtype=torch.long, device=device)
+        self.leaves = torch.zeros(rows, dtype=torch.long, device=device)
+        self.opened = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.labels = torch.zeros(rows, 8, dtype=torch.long, device=device)
+        self.has_leaf = torch.zeros(rows, 8, dtype=torch.bool, device=device)
+
+    def _new(self, **state: Tensor) -> TreeConstraint:
+        out = TreeConstraint.__new__(TreeConstraint)
+        out.vocab = self.vocab
+        for name in ("words", "depth", "leaves", "opened", "labels", "has_leaf"):
+            setattr(out, name, state.get(name, getattr(self, name)))
+        return out
+
+    def allowed(self, step: int, max_len: Tensor) -> Tensor:
+        """(R, V) bool: the tokens each row may take next, given ``step`` tokens so far and its maximum length."""
+        v = self.vocab
+        depth, leaves, words = self.depth, self.leaves, self.words
+        budget = max_len - step - 1  # tokens that may still follow the next one before the forced EOS
+        left = words - leaves
+        top = (depth - 1).clamp(min=0)[:, None]
+        inside = depth > 0
+        top_has_leaf = self.has_leaf.gather(1, top).squeeze(1) & inside
+        can_open = (left > 0) & (inside | ~self.opened) & (left + depth + 1 <= budget)
+        can_leaf = inside & (left > 0) & (left - 1 + depth <= budget)
+        can_close = top_has_leaf & ((depth > 1) | (left == 0)) & (left + depth - 1 <= budget)
+        can_eos = ~inside & self.opened & (left == 0)
+        allowed = torch.zeros(depth.shape[0], v.size, dtype=torch.bool, device=depth.device)
+        allowed[:, v.open_ids] = can_open[:, None]
+        allowed[:, v.leaf_ids] = can_leaf[:, None]
+        closing = v.close_for_label[self.labels.gather(1, top).squeeze(1)]  # (R,): the one closing that fits
+        allowed.scatter_(1, closing[:, None], can_close[:, None])
+        allowed[:, v.eos_id] = can_eos
+        # a row that cannot reach a tree within its length (a maximum length below the words + 2) is left free:
+        # delinearise mends its output
+        allowed[~allowed.any(dim=1)] = True
+        return allowed
+
+    def mask(self, scores: Tensor, step: int, max_len: Tensor) -> Tensor:
+        """Set to -inf, in place, what :meth:`allowed` rules out; returns ``scores`` (R, V)."""
+        return scores.masked_fill_(~self.allowed(step, max_len), NEG_INF)
+
+    def reorder(self, index: Tensor) -> TreeConstraint:
+        """The state of rows ``index`` (R',)."""
+        return self._new(**{
+            name: getattr(self, name).index_select(0, index)
+            for name in ("words", "depth", "leaves", "opened", "labels", "has_leaf")
+        })  # fmt: skip
+
+    def advance(self, tokens: Tensor) -> TreeConstraint:
+        """The state after each row appends ``tokens`` (R,); EOS and other tokens leave a row as it is."""
+        kind = self.vocab.kind[tokens.clamp(0, self.vocab.size - 1)]
+        # (a closing at depth 0 only reaches here in a beam's dead rows, the -inf candidates that fill it up)
+        is_open, is_close, is_leaf = kind.eq(OPEN), kind.eq(CLOSE) & self.depth.gt(0), kind.eq(LEAF)
+        labels, has_leaf = self.labels, self.has_leaf
+        if bool((self.depth + is_open.long() >= labels.shape[1]).any()):  # room for one more level
+            labels = torch.cat([labels, torch.zeros_like(labels)], dim=1)
+            has_leaf = torch.cat([has_leaf, torch.zeros_like(has_leaf)], dim=1)
+        else:
+            labels, has_leaf = labels.clone(), has_leaf.clone()
+        depth = self.depth
+        at = depth[:, None]  # an opening bracket's slot
+        labels.scatter_(1, at, torch.where(is_open, self.vocab.label[tokens.clamp(0, self.vocab.size - 1)],
+                                          labels.gather(1, at).squeeze(1))[:, None])  # fmt: skip
+        has_leaf.scatter_(1, at, (has_leaf.gather(1, at).squeeze(1) & ~is_open)[:, None])
+        # a leaf marks the innermost open bracket; a closed bracket (it held a leaf) marks its parent
+        new_depth = depth + is_open.long() - is_close.long()
+        parent = (new_depth - 1).clamp(min=0)[:, None]
+        mark = (is_leaf | is_close) & (new_depth > 0)
+        has_leaf.scatter_(1, parent, (has_leaf.gather(1, parent).squeeze(1) | mark)[:, None])
+        return self._new(
+            depth=new_depth, leaves=self.leaves + is_leaf.long(), opened=self.opened | is_open,
+            labels=labels, has_leaf=has_leaf,
+        )  # fmt: skip
+
+    @classmethod
+    def for_rows(
+        cls, vocab: TreeVocabulary, words: Sequence[int], device: torch.device | str = "cpu"
+    ) -> TreeConstraint:
+        """A constraint for rows over sentences of ``words[r]`` words."""
+        return cls(vocab, torch.tensor(list(words), dtype=torch.long, device=device))

@@ -1,0 +1,198 @@
+"""Constrained decoding for parsing: with :class:`TreeConstraint` every search's output is a well-formed tree over
+exactly the sentence's words (random untrained models, greedy, beam, sampling, tight length limits); a model whose
+output is already such a tree keeps it; the constraint's state follows the beam (reorder and advance) as a state
+recomputed from each hypothesis's prefix does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from transduce.config import ModelConfig
+from transduce.model import Transformer
+from transduce.parsing.constrained import TreeConstraint, TreeVocabulary
+from transduce.parsing.linearize import delinearise
+from transduce.search import beam_search, greedy_search, sample
+from transduce.special import EOS_ID, PAD_ID
+
+PIECES = ["<pad>", "<s>", "</s>", "<unk>", "▁XX", "▁(S", "▁)S", "▁(NP", "▁)NP", "▁(VP", "▁)VP", "▁(PP", "▁)PP"]
+BARE = ["<pad>", "<s>", "</s>", "<unk>", "▁XX", "▁(S", "▁(NP", "▁(VP", "▁)"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_model(seed: int, vocab: int) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig.preset("test", src_vocab_size=16, tgt_vocab_size=vocab, share_vocab=False)).eval()
+
+
+def random_batch(seed: int, n: int) -> tuple[torch.Tensor, list[int]]:
+    """``n`` source rows of 1 to 9 tokens and a number of words for each (1 to 12, unrelated to the source)."""
+    rng = random.Random(seed)
+    rows = [[rng.randrange(4, 16) for _ in range(rng.randint(1, 9))] + [EOS_ID] for _ in range(n)]
+    width = max(map(len, rows))
+    src = torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows])
+    return src, [rng.randint(1, 12) for _ in range(n)]
+
+
+def check_trees(hyps: list[list[int]], words: list[int], pieces: list[str]) -> None:
+    """Each output reads back, unmended, as a tree over its sentence's number of words."""
+    for tokens, n in zip(hyps, words):
+        text = [pieces[t].lstrip("▁") for t in tokens]
+        tree, repair = delinearise(text, [f"w{i}" for i in range(n)])
+        assert not repair.needed, (text, n, repair)
+        assert len(tree.words()) == n and text.count("XX") == n
+
+
+def repaired(hyps: list[list[int]], words: list[int], pieces: list[str]) -> int:
+    return sum(
+        delinearise([pieces[t].lstrip("▁") for t in tokens], [f"w{i}" for i in range(n)])[1].needed
+        for tokens, n in zip(hyps, words)
+    )
+
+
+@pytest.mark.parametrize("pieces", [PIECES, BARE], ids=["labelled", "bare"])
+def test_random_models_give_well_formed_trees_greedy_beam_and_sampling(pieces):
+    vocab = TreeVocabulary(pieces, EOS_ID)
+    unconstrained_repairs = 0
+    for seed in range(6):
+        model = random_model(seed, len(pieces))
+        src, words = random_batch(seed, 12)
+        rule = TreeConstraint.for_rows(vocab, words)
+        greedy = [h.tokens for h in greedy_search(model, src, max_len_b=40, constraint=rule)]
+        check_trees(greedy, words, pieces)
+        beams = beam_search(model, src, beam=4, nbest=4, length_penalty=0.3, max_len_b=40, constraint=rule)
+        for k in range(4):
+            check_trees([hyps[k].tokens for hyps in beams], words, pieces)
+        drawn = sample(model, src, num_samples=3, max_len_b=40, constraint=rule,
+                       generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        for k in range(3):
+            check_trees([hyps[k].tokens for hyps in drawn], words, pieces)
+        free = [h.tokens for h in greedy_search(model, src, max_len_b=40)]
+        unconstrained_repairs += repaired(free, words, pieces)
+    assert unconstrained_repairs > 36  # without the constraint, most of these random outputs are not such trees
+
+
+def test_length_limit_forces_the_closings():
+    """At a maximum length of words + 2 the only tree is one bracket over the words, and it is found; a row whose
+    limit is too short for any tree is decoded unconstrained (and mended by delinearise)."""
+    vocab = TreeVocabulary(PIECES, EOS_ID)
+    model = random_model(3, len(PIECES))
+    src, _ = random_batch(3, 8)
+    words = [5] * 7 + [9]
+    greedy = greedy_search(model, src, max_len_a=0, max_len_b=7, constraint=TreeConstraint.for_rows(vocab, words))
+    beams = beam_search(model, src, beam=5, max_len_a=0, max_len_b=7, constraint=TreeConstraint.for_rows(vocab, words))
+    for hyps in (greedy, [h[0] for h in beams]):
+        for h in hyps[:7]:
+            text = [PIECES[t].lstrip("▁") for t in h.tokens]
+            assert len(text) == 7 and text[1:6] == ["XX"] * 5 and text[0][0] == "(" and text[6] == ")" + text[0][1:]
+        assert len(hyps[7].tokens) <= 7
+
+
+class Steered:
+    """A random model with a bonus on one fixed token sequence (then EOS), position by position, so that its
+    unconstrained beam output is that sequence. Decodes without the cache (the prefix tells the position)."""
+
+    def __init__(self, model: Transformer, target: list[int], bonus: float):
+        self.model, self.config, self.target, self.bonus = model, model.config, target, bonus
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def init_cache(self, memory):
+        return self.model.init_cache(memory)
+
+    def decode(self, tgt, memory, cache=None):
+        logits, cache = self.model.decode(tgt, memory, cache)
+        position = tgt.shape[1] - 1
+        favoured = self.target[position] if position < len(self.target) else EOS_ID
+        logits = logits.clone()
+        logits[:, -1, favoured] += self.bonus
+        return logits, cache
+
+
+def test_beam_keeps_an_output_that_is_already_a_tree():
+    vocab = TreeVocabulary(PIECES, EOS_ID)
+    ids = {p.lstrip("▁"): i for i, p in enumerate(PIECES)}
+    target = [ids[t] for t in ["(S", "(NP", "XX", "XX", ")NP", "(VP", "XX", "(PP", "XX", "XX", ")PP", ")VP", ")S"]]
+    for seed in range(3):
+        model = Steered(random_model(seed, len(PIECES)), target, bonus=6.0)
+        src, _ = random_batch(seed, 5)
+        free = beam_search(model, src, beam=21, length_penalty=0.3, max_len_b=20, use_cache=False)
+        assert all(hyps[0].tokens == target for hyps in free)  # the premise: already a tree over 5 words
+        rule = TreeConstraint.for_rows(vocab, [5] * 5)
+        held = beam_search(model, src, beam=21, length_penalty=0.3, max_len_b=20, use_cache=False, constraint=rule)
+        for a, b in zip(free, held):
+            assert b[0].tokens == a[0].tokens
+            assert b[0].score == pytest.approx(a[0].score, abs=1e-5)
+            assert b[0].log_prob == pytest.approx(a[0].log_prob, abs=1e-5)
+
+
+def state(rule: TreeConstraint) -> list[tuple]:
+    """Each row's state: depth, leaves, opened, and its open brackets (labels, whether each holds a leaf)."""
+    return [
+        (d, rule.leaves[r].item(), rule.opened[r].item(), rule.labels[r, :d].tolist(), rule.has_leaf[r, :d].tolist())
+        for r, d in enumerate(rule.depth.tolist())
+    ]
+
+
+class Recomputed:
+    """A TreeConstraint that also keeps each row's prefix and, at every step, checks its state and its mask against a
+    TreeConstraint advanced token by token through the prefixes, from scratch."""
+
+    def __init__(self, rule: TreeConstraint, prefixes: list[list[int]], seen: list):
+        self.rule, self.prefixes, self.seen = rule, prefixes, seen
+
+    def mask(self, scores, step, max_len):
+        fresh = TreeConstraint(self.rule.vocab, self.rule.words)
+        for k in range(step):
+            fresh = fresh.advance(torch.tensor([p[k] for p in self.prefixes]))
+        assert state(self.rule) == state(fresh)
+        assert torch.equal(self.rule.allowed(step, max_len), fresh.allowed(step, max_len))
+        self.seen.append([tuple(p) for p in self.prefixes])
+        return self.rule.mask(scores, step, max_len)
+
+    def reorder(self, index):
+        return Recomputed(self.rule.reorder(index), [self.prefixes[i] for i in index.tolist()], self.seen)
+
+    def advance(self, tokens):
+        return Recomputed(self.rule.advance(tokens), [[*p, t] for p, t in zip(self.prefixes, tokens.tolist())],
+                          self.seen)  # fmt: skip
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_constraint_state_follows_the_beam(use_cache):
+    vocab = TreeVocabulary(PIECES, EOS_ID)
+    model = random_model(7, len(PIECES))
+    src, words = random_batch(7, 6)
+    seen: list = []
+    rule = Recomputed(TreeConstraint.for_rows(vocab, words), [[] for _ in words], seen)
+    got = beam_search(model, src, beam=5, nbest=5, length_penalty=0.3, max_len_b=40, use_cache=use_cache,
+                      constraint=rule)  # fmt: skip
+    # the prefixes the constraint followed are the search's own: every finished hypothesis was one of them
+    followed = {p for step in seen for p in step}
+    for hyps in got:
+        for h in hyps:
+            assert tuple(h.tokens) in followed
+    assert len(seen) > max(words)
+    plain = beam_search(model, src, beam=5, nbest=5, length_penalty=0.3, max_len_b=40, use_cache=use_cache,
+                        constraint=TreeConstraint.for_rows(vocab, words))  # fmt: skip
+    assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in plain]
+
+
+def test_vocabulary_roles_and_refusal():
+    vocab = TreeVocabulary(PIECES, EOS_ID)
+    assert vocab.labelled and vocab.leaf_ids.tolist() == [4] and vocab.open_ids.tolist() == [5, 7, 9, 11]
+    assert vocab.close_for_label[vocab.label[7]].item() == 8
+    assert not TreeVocabulary(BARE, EOS_ID).labelled
+    assert TreeVocabulary([*PIECES, "▁(ADJP"], EOS_ID).kind[-1].item() == 0  # no )ADJP to close it: never opened
+    with pytest.raises(ValueError, match="no opening brackets or no leaves"):
+        TreeVocabulary(["<pad>", "<s>", "</s>", "<unk>", "▁a", "▁b"], EOS_ID)
