@@ -253,15 +253,14 @@ def _count_syncs(monkeypatch, fn):
 
 
 def test_a_training_step_reads_the_device_once_however_many_micro_batches(monkeypatch):
-    from transduce.model import kernels, layers
+    from transduce import fastpaths
 
-    # the GPU's code path on the CPU: PyTorch's dropout, SDPA, no CPU kernels
-    monkeypatch.setattr(kernels, "KERNELS", False)
-    monkeypatch.setattr(layers, "FAST_CPU_DROPOUT", False)
-    monkeypatch.setattr(layers, "EXPLICIT_CPU_BACKWARD", False)
+    # the GPU's code path on the CPU: SDPA, no CPU kernels, no dropout (the CPU draws its dropout seeds on the host)
+    monkeypatch.setattr(fastpaths.settings, "kernels", False)
+    monkeypatch.setattr(fastpaths.settings, "explicit_attention_max_keys", 0)
     counts = {}
     for n in (1, 4):
-        trainer = _trainer(clip_norm=1.0)
+        trainer = _trainer(dropout_free=True, clip_norm=1.0)  # GPUs drop out with F.dropout: no seed read
         trainer.optimizer.step = _outside(trainer.optimizer.step)  # the CPU optimizer reads its CPU step counters
         batches = _batches(n)
         with monkeypatch.context() as m:
@@ -392,14 +391,13 @@ def test_compiled_training_traces_one_graph_for_batches_of_every_shape(monkeypat
     import torch._dynamo
     from torch._dynamo.utils import counters
 
+    from transduce import fastpaths
     from transduce.data import collate
-    from transduce.model import kernels, layers
 
     # the GPU's code path on the CPU (no CPU kernels, which the tracer cannot enter), with dynamo's eager backend:
     # what is compiled and how often, without the time of generating code
-    monkeypatch.setattr(kernels, "KERNELS", False)
-    monkeypatch.setattr(layers, "FAST_CPU_DROPOUT", False)
-    monkeypatch.setattr(layers, "EXPLICIT_CPU_BACKWARD", False)
+    monkeypatch.setattr(fastpaths.settings, "kernels", False)
+    monkeypatch.setattr(fastpaths.settings, "explicit_attention_max_keys", 0)
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="eager", **kw))
     torch._dynamo.reset()
