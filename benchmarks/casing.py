@@ -19,6 +19,7 @@ import time
 import torch
 from sacrebleu.metrics import BLEU
 
+from harness import add_common_args, apply_common_args, machine, table
 from transduce import casing
 from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.textio import read_lines
@@ -35,11 +36,11 @@ def main() -> None:
     parser.add_argument("--lang", required=True, help="target language, for the lowercased tokenised BLEU")
     parser.add_argument("--input-case", default="keep,normalize", help="comma-separated: keep, normalize")
     parser.add_argument("--beam", type=int, help="beam size (default: the model's decoding configuration)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0: torch's default")
     parser.add_argument("--limit", type=int, default=0, help="only the first N sentences (0: all)")
+    add_common_args(parser, reps=None)  # one timed pass per row: the table is about BLEU, the seconds are a guide
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_common_args(args)
+    print(machine())
 
     sources = [text for _, text in read_lines(args.src)]
     references = [text for _, text in read_lines(args.ref)]
@@ -48,10 +49,7 @@ def main() -> None:
     translator = Translator.load(args.model)
     insensitive = BLEU(lowercase=True)
     print(f"model {args.model}; {len(sources)} sentences; {torch.get_num_threads()} threads")
-    print(f"case-insensitive BLEU: {insensitive.get_signature()}")
-    print()
-    print("| input_case | source | BLEU (case-insensitive) | vs normal | cased sacreBLEU | lc-tok BLEU | seconds |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for mode in args.input_case.split(","):
         normal = None
         for name, transform in VARIANTS.items():
@@ -65,7 +63,11 @@ def main() -> None:
             if name == "normal":
                 cased = f"{score(hyps, references).bleu:.2f}"
                 lc_tok = f"{score_tokenized_lowercase(hyps, references, args.lang).bleu_lc_tok:.2f}"
-            print(f"| {mode} | {name} | {bleu:.2f} | {bleu - normal:+.2f} | {cased} | {lc_tok} | {seconds:.0f} |")
+            rows.append([mode, name, f"{bleu:.2f}", f"{bleu - normal:+.2f}", cased, lc_tok, f"{seconds:.0f}"])
+    header = ["input_case", "source", "BLEU (case-insensitive)", "vs normal", "cased sacreBLEU", "lc-tok BLEU"]
+    print()
+    print(table([*header, "seconds"], rows))
+    print(f"\ncase-insensitive BLEU: {insensitive.get_signature()}")  # known only after a corpus has been scored
 
 
 if __name__ == "__main__":
