@@ -5,7 +5,7 @@
     python benchmarks/multi30k_select.py RUN --average 3,5,8,12 --norms gnmt,length   # both length penalty forms
 
 1. Candidates: the run's newest checkpoint and, for each N of ``--average``, the mean of its N newest checkpoints
-   (written to ``RUN/average_lastN`` as ``transduce average RUN --last N`` does). Each is translated on the
+   (written to ``RUN/average_lastN`` as ``transduce average --model RUN --last N`` does). Each is translated on the
    validation set with the run's decoding settings.
 2. The candidate with the best validation BLEU in the literature's convention (lowercased, Moses-tokenised) is
    decoded on the validation set again for every beam size x length penalty (x penalty form, ``--norms``).

@@ -71,7 +71,7 @@ class RunState:
     best_score: float | None = None  # best validation metric (higher is better), None before any validation
     best_step: int = 0
     bad_validations: int = 0  # validations since the last improvement
-    elapsed_s: float = 0.0  # training wall time before this session
+    elapsed_s: float = 0.0  # training wall time of the run's earlier processes (before a resume)
 
 
 @dataclasses.dataclass
@@ -190,7 +190,7 @@ class _Signals:
 
 
 class _Run:
-    """The state of one training session: trainer, data, logging, checkpoints."""
+    """The state of one training process of a run (a resume starts another): trainer, data, logging, checkpoints."""
 
     def __init__(self, config: Config, dist: Dist, device: torch.device, resume: bool) -> None:
         self.dist, self.device = dist, device
@@ -330,7 +330,7 @@ class _Run:
               ) -> TrainOutcome:  # fmt: skip
         cfg, trainer = self.cfg, self.trainer
         last_save = time.monotonic()
-        speed, session_start_step = Throughput(), trainer.step
+        speed, process_start_step = Throughput(), trainer.step
         interval_loss = interval_tokens = 0.0
         last_valid: ValidResult | None = None
         reason, validated_at = "max_steps", -1
@@ -369,7 +369,7 @@ class _Run:
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 loss = interval_loss / max(interval_tokens, 1.0)
                 rate = speed.rate()
-                done = step - session_start_step
+                done = step - process_start_step
                 eta = (cfg.max_steps - step) * (time.monotonic() - started) / max(done, 1)
                 if cfg.max_minutes > 0:  # whichever limit comes first
                     eta = min(eta, max(0.0, 60 * cfg.max_minutes - elapsed()))

@@ -1,7 +1,7 @@
 """Score a run on its validation and test sets in both BLEU conventions and write RUN_DIR/report.html: config,
 learning curves, the BLEU table with signatures, sample translations beside their references, attention maps.
 
-  transduce average runs/multi30k_en_de --last 5     # optional: the report then uses the averaged weights
+  transduce average --model runs/multi30k_en_de --last 5     # optional: the report then uses the averaged weights
   transduce report runs/multi30k_en_de --evaluate"""
 
 from __future__ import annotations
