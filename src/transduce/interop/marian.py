@@ -33,6 +33,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -192,13 +193,10 @@ def export_problems(c: ModelConfig) -> list[str]:
     return problems
 
 
-def marian_config(c: ModelConfig):
-    """The ``transformers.MarianConfig`` of our model config (check :func:`export_problems` first)."""
-    transformers = require("transformers")
-    return transformers.MarianConfig(
-        vocab_size=c.src_vocab_size,
-        decoder_vocab_size=c.tgt_vocab_size,
-        share_encoder_decoder_embeddings=c.share_vocab,
+def hf_config_fields(c: ModelConfig) -> dict[str, Any]:
+    """The ``transformers`` config fields of our model config that Marian and Pegasus (the pre-norm export, see
+    :mod:`transduce.interop.pegasus`) name and mean alike: shape, dropouts, positions and special ids."""
+    return dict(
         tie_word_embeddings=c.tie_output,
         d_model=c.d_model,
         encoder_layers=c.encoder_layers,
@@ -218,6 +216,17 @@ def marian_config(c: ModelConfig):
         bos_token_id=c.bos_id,
         decoder_start_token_id=c.bos_id,
         forced_eos_token_id=c.eos_id,
+    )
+
+
+def marian_config(c: ModelConfig):
+    """The ``transformers.MarianConfig`` of our model config (check :func:`export_problems` first)."""
+    transformers = require("transformers")
+    return transformers.MarianConfig(
+        vocab_size=c.src_vocab_size,
+        decoder_vocab_size=c.tgt_vocab_size,
+        share_encoder_decoder_embeddings=c.share_vocab,
+        **hf_config_fields(c),
     )
 
 

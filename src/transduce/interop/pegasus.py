@@ -39,26 +39,7 @@ def pegasus_problems(c: ModelConfig) -> list[str]:
 
 def pegasus_config(c: ModelConfig):
     """The ``transformers.PegasusConfig`` of our (pre-norm, shared-vocabulary) model config."""
+    from transduce.interop.marian import hf_config_fields  # (marian.py dispatches pre-norm exports here)
+
     transformers = require("transformers")
-    return transformers.PegasusConfig(
-        vocab_size=c.src_vocab_size,
-        tie_word_embeddings=c.tie_output,
-        d_model=c.d_model,
-        encoder_layers=c.encoder_layers,
-        decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.heads,
-        decoder_attention_heads=c.heads,
-        encoder_ffn_dim=c.d_ff,
-        decoder_ffn_dim=c.d_ff,
-        activation_function=c.activation,
-        dropout=c.dropout,
-        attention_dropout=c.attention_dropout,
-        activation_dropout=c.activation_dropout,
-        max_position_embeddings=c.max_positions,
-        scale_embedding=c.scale_embeddings,
-        pad_token_id=c.pad_id,
-        eos_token_id=c.eos_id,
-        bos_token_id=c.bos_id,
-        decoder_start_token_id=c.bos_id,
-        forced_eos_token_id=c.eos_id,
-    )
+    return transformers.PegasusConfig(vocab_size=c.src_vocab_size, **hf_config_fields(c))
