@@ -1,19 +1,12 @@
 """`transduce download` against files served from a temporary directory on 127.0.0.1 (no network)."""
 
-import functools
 import gzip
-import http.server
-import threading
 
 import pytest
 
+from httpkit import serve_directory
 from transduce.cli import main
 from transduce.download import DownloadError, download, multi30k_files
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
@@ -24,12 +17,8 @@ def server(tmp_path):
         with gzip.open(root / name, "wt", encoding="utf-8") as f:
             f.write(f"{name} line 1\n{name} line 2\n")
     (root / "train.de.gz").write_bytes((root / "train.de.gz").read_bytes()[:-6])  # a truncated file
-    handler = functools.partial(QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serve_directory(root) as url:
+        yield root, url
 
 
 def test_download_fetches_verifies_and_is_resumable(server, tmp_path):

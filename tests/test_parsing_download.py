@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 import zipfile
 
 import pytest
 
+from httpkit import serve_directory
 from transduce.cli import main
 from transduce.download import DownloadError, download
 from transduce.parsing.trees import read_treebank
@@ -20,11 +18,6 @@ FILES = {
 }
 
 
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def server(tmp_path):
     root = tmp_path / "served"
@@ -34,11 +27,8 @@ def server(tmp_path):
             archive.writestr(name, text)
     (root / "bad").mkdir()
     (root / "bad" / "treebank.zip").write_bytes(b"<html>not found</html>")
-    handler = functools.partial(QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serve_directory(root) as url:
+        yield url
 
 
 def test_download_ptb_sample_fetches_and_unpacks_the_mrg_files(server, tmp_path):
