@@ -196,3 +196,33 @@ def test_vocabulary_roles_and_refusal():
     assert TreeVocabulary([*PIECES, "▁(ADJP"], EOS_ID).kind[-1].item() == 0  # no )ADJP to close it: never opened
     with pytest.raises(ValueError, match="no opening brackets or no leaves"):
         TreeVocabulary(["<pad>", "<s>", "</s>", "<unk>", "▁a", "▁b"], EOS_ID)
+
+
+WORDS = [*PIECES, "▁the", "▁cat", "▁sat"]  # a word-leaf vocabulary: XX stands for the words it lacks
+
+
+def test_word_leaves_are_forced_to_the_next_word():
+    """With word leaves, every leaf of every output is the sentence's next word in order, or XX for a word the
+    vocabulary lacks; random models, greedy, beam and sampling."""
+    vocab = TreeVocabulary(WORDS, EOS_ID)
+    assert vocab.leaves_for(["the", "dog", "sat"]) == [13, 4, 15]
+    assert TreeVocabulary(PIECES, EOS_ID).leaves_for(["the", "dog"]) == [-1, -1]  # XX only: any leaf, as before
+    rng = random.Random(0)
+    for seed in range(4):
+        model = random_model(seed, len(WORDS))
+        src, _ = random_batch(seed, 10)
+        sentences = [[rng.choice(["the", "cat", "sat", "dog"]) for _ in range(rng.randint(1, 8))] for _ in range(10)]
+        rule = TreeConstraint.for_rows(vocab, [len(s) for s in sentences], "cpu",
+                                       [vocab.leaves_for(s) for s in sentences])  # fmt: skip
+        outputs = [[h.tokens for h in greedy_search(model, src, max_len_b=40, constraint=rule)]]
+        beams = beam_search(model, src, beam=4, nbest=4, length_penalty=0.3, max_len_b=40, constraint=rule)
+        outputs += [[hyps[k].tokens for hyps in beams] for k in range(4)]
+        drawn = sample(model, src, num_samples=2, max_len_b=40, constraint=rule,
+                       generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        outputs += [[hyps[k].tokens for hyps in drawn] for k in range(2)]
+        for hyps in outputs:
+            for tokens, words in zip(hyps, sentences):
+                text = [WORDS[t].lstrip("▁") for t in tokens]
+                leaves = [t for t in text if not t.startswith(("(", ")"))]
+                assert leaves == [w if w != "dog" else "XX" for w in words], (text, words)
+                assert not delinearise(text, words)[1].needed

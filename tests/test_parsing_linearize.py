@@ -34,6 +34,11 @@ def test_linearise_variants():
     assert " ".join(linearise(TREE)) == "(S (NP XX XX )NP (VP XX (PP XX (NP XX )NP )PP )VP XX )S"
     assert " ".join(linearise(TREE, closing="bare")) == "(S (NP XX XX ) (VP XX (PP XX (NP XX ) ) ) XX )"
     assert " ".join(linearise(TREE, leaves="word")) == ("(S (NP The cat )NP (VP sat (PP on (NP it )NP )PP )VP . )S")
+    # words outside `known` (the rare words of the training trees) are XX; with XX leaves `known` changes nothing
+    assert " ".join(linearise(TREE, leaves="word", known={"The", "sat", "."})) == (
+        "(S (NP The XX )NP (VP sat (PP XX (NP XX )NP )PP )VP . )S"
+    )
+    assert linearise(TREE, known={"The"}) == linearise(TREE)
     with pytest.raises(ValueError, match="closing: 'x' is not one of labelled, bare"):
         linearise(TREE, closing="x")
 

@@ -201,3 +201,21 @@ def test_parse_constrains_the_search_to_the_sentences_words():
     rule, none = translator.constraints
     assert none is None
     assert rule([2, 0]).words.tolist() == [1, 2]  # the batch's sentences, by their index in the input
+
+
+def test_word_leaves_with_a_minimum_count_write_rare_words_as_xx(tmp_path):
+    """data.tree_min_count: words seen fewer times in the training trees are XX in every split's target."""
+    from transduce.parsing.prepare import treebank_text
+
+    train, test = write_toy_treebank(tmp_path / "treebank")
+    train.write_text(train.read_text(encoding="utf-8") + "( (S (NP (NNP Zed)) (VP (VBZ naps)) (. .)) )\n")
+    test.write_text("( (S (NP (NNP Zed)) (VP (VBZ yawns)) (. .)) )\n", encoding="utf-8")
+    cfg = toy_parse_config(train, test, tmp_path / "run").data.replace(tree_min_count=2)
+    out = treebank_text(cfg, tmp_path / "text")
+    assert Path(f"{out.train}.tree").read_text(encoding="utf-8").splitlines()[-1] == "(S (NP XX )NP (VP XX )VP . )S"
+    assert Path(f"{out.valid}.tree").read_text(encoding="utf-8") == "(S (NP XX )NP (VP XX )VP . )S\n"
+    assert Path(f"{out.valid}.words").read_text(encoding="utf-8") == "Zed yawns .\n"
+    first = Path(f"{out.train}.tree").read_text(encoding="utf-8").splitlines()[0]
+    assert "XX" not in first  # the toy lexicon's words are all frequent
+    with pytest.raises(ConfigError, match="tree_min_count"):
+        cfg.replace(tree_min_count=0)

@@ -123,6 +123,8 @@ def _prepare_text(
     options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
     if cfg.task != "translate":  # (only then, so that earlier translation preparations are still reused)
         options.update(task=cfg.task, tree_leaves=cfg.tree_leaves, tree_closing=cfg.tree_closing)
+        if cfg.tree_min_count != 1:
+            options.update(tree_min_count=cfg.tree_min_count)
     if vocabulary is not None:
         from transduce.checkpoint import vocab_sha256
 

@@ -5,7 +5,9 @@ linearize.delinearise` has nothing to mend (Vinyals et al., 2015, and most seque
 The rules, per hypothesis, with ``n`` the sentence's words, ``depth`` the brackets open, ``leaves`` the leaves so far:
 
 - an opening bracket while ``leaves < n``, inside the root or as the root (one tree, not several);
-- a leaf only inside an open bracket and while ``leaves < n``;
+- a leaf only inside an open bracket and while ``leaves < n``; with word leaves (``data.tree_leaves: word``) only
+  the next word's own token, or ``XX`` for a word the target vocabulary does not have, so that the decoder reads
+  the sentence's words in order;
 - a closing bracket only when the innermost open bracket holds a leaf, with its label (labelled closings), and
   closing the root only once every word has its leaf;
 - EOS only when the root is closed over ``n`` leaves;
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from transduce.parsing.linearize import PLACEHOLDER
 from transduce.search.common import NEG_INF
 
 OTHER, OPEN, CLOSE, LEAF = 0, 1, 2, 3
@@ -74,9 +77,18 @@ class TreeVocabulary:
         self.kind = torch.tensor(kinds, dtype=torch.long, device=device)  # (V,)
         self.label = torch.tensor(labels, dtype=torch.long, device=device)  # (V,): an opening bracket's label index
         self.close_for_label = torch.tensor(close_for_label, dtype=torch.long, device=device).clamp(min=0)
+        self.leaf_of = {pieces[i].lstrip("▁"): i for i, kind in enumerate(kinds) if kind == LEAF}
         self.open_ids = self.kind.eq(OPEN).nonzero().squeeze(1)
         self.leaf_ids = self.kind.eq(LEAF).nonzero().squeeze(1)
         self.close_ids = self.kind.eq(CLOSE).nonzero().squeeze(1)
+
+    def leaves_for(self, words: Sequence[str]) -> list[int]:
+        """The leaf id each word must take: its own token, else ``XX``; -1 (any leaf) where there is neither
+        (always, for a vocabulary whose only leaf is ``XX``, which every word takes anyway)."""
+        if len(self.leaf_of) <= 1:
+            return [-1] * len(words)
+        fallback = self.leaf_of.get(PLACEHOLDER, -1)
+        return [self.leaf_of.get(word, fallback) for word in words]
 
 
 class TreeConstraint:
@@ -86,15 +98,20 @@ class TreeConstraint:
     Args:
         vocab: the target vocabulary's roles.
         words: (R,) long, the number of words of each row's sentence.
+        leaf_seq: (R, N) long, the leaf id each word of the row must take (see :meth:`TreeVocabulary.leaves_for`;
+            -1: any leaf); ``None``: any leaf everywhere.
 
     The state: ``depth``, ``leaves``, ``opened`` (a bracket was produced) per row, and a stack per row of the open
     brackets' labels and whether each holds a leaf yet, (R, capacity), grown when a row gets deeper.
     """
 
-    def __init__(self, vocab: TreeVocabulary, words: Tensor) -> None:
+    def __init__(self, vocab: TreeVocabulary, words: Tensor, leaf_seq: Tensor | None = None) -> None:
         rows, device = words.shape[0], words.device
         self.vocab = vocab
         self.words = words
+        if leaf_seq is None or leaf_seq.shape[1] == 0:
+            leaf_seq = torch.full((rows, 1), -1, dtype=torch.long, device=device)
+        self.leaf_seq = leaf_seq
         self.depth = torch.zeros(rows, dtype=torch.long, device=device)
         self.leaves = torch.zeros(rows, dtype=torch.long, device=device)
         self.opened = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -104,7 +121,7 @@ class TreeConstraint:
     def _new(self, **state: Tensor) -> TreeConstraint:
         out = TreeConstraint.__new__(TreeConstraint)
         out.vocab = self.vocab
-        for name in ("words", "depth", "leaves", "opened", "labels", "has_leaf"):
+        for name in ("words", "leaf_seq", "depth", "leaves", "opened", "labels", "has_leaf"):
             setattr(out, name, state.get(name, getattr(self, name)))
         return out
 
@@ -123,7 +140,11 @@ class TreeConstraint:
         can_eos = ~inside & self.opened & (left == 0)
         allowed = torch.zeros(depth.shape[0], v.size, dtype=torch.bool, device=depth.device)
         allowed[:, v.open_ids] = can_open[:, None]
-        allowed[:, v.leaf_ids] = can_leaf[:, None]
+        nxt = self.leaf_seq.gather(1, leaves.clamp(0, self.leaf_seq.shape[1] - 1)[:, None]).squeeze(1)
+        forced = nxt >= 0
+        allowed[:, v.leaf_ids] = (can_leaf & ~forced)[:, None]
+        at = nxt.clamp(min=0)[:, None]  # (a row that is not forced writes its own value back)
+        allowed.scatter_(1, at, allowed.gather(1, at) | (can_leaf & forced)[:, None])
         closing = v.close_for_label[self.labels.gather(1, top).squeeze(1)]  # (R,): the one closing that fits
         allowed.scatter_(1, closing[:, None], can_close[:, None])
         allowed[:, v.eos_id] = can_eos
@@ -140,7 +161,7 @@ class TreeConstraint:
         """The state of rows ``index`` (R',)."""
         return self._new(**{
             name: getattr(self, name).index_select(0, index)
-            for name in ("words", "depth", "leaves", "opened", "labels", "has_leaf")
+            for name in ("words", "leaf_seq", "depth", "leaves", "opened", "labels", "has_leaf")
         })  # fmt: skip
 
     def advance(self, tokens: Tensor) -> TreeConstraint:
@@ -171,7 +192,18 @@ class TreeConstraint:
 
     @classmethod
     def for_rows(
-        cls, vocab: TreeVocabulary, words: Sequence[int], device: torch.device | str = "cpu"
+        cls,
+        vocab: TreeVocabulary,
+        words: Sequence[int],
+        device: torch.device | str = "cpu",
+        leaves: Sequence[Sequence[int]] | None = None,
     ) -> TreeConstraint:
-        """A constraint for rows over sentences of ``words[r]`` words."""
-        return cls(vocab, torch.tensor(list(words), dtype=torch.long, device=device))
+        """A constraint for rows over sentences of ``words[r]`` words; ``leaves[r]``: the leaf ids of row ``r``'s
+        words (:meth:`TreeVocabulary.leaves_for`), or ``None`` for any leaf."""
+        counts = torch.tensor(list(words), dtype=torch.long, device=device)
+        if leaves is None:
+            return cls(vocab, counts)
+        seq = torch.full((len(leaves), max([1, *map(len, leaves)])), -1, dtype=torch.long)
+        for row, ids in enumerate(leaves):
+            seq[row, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        return cls(vocab, counts, seq.to(device))

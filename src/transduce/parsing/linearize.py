@@ -13,6 +13,7 @@ mend is reported in a :class:`Repair`.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from transduce.parsing.trees import ROOT_LABEL, Tree
@@ -22,7 +23,9 @@ LEAVES = ("xx", "word")
 CLOSINGS = ("labelled", "bare")
 
 
-def linearise(tree: Tree, *, leaves: str = "xx", closing: str = "labelled") -> list[str]:
+def linearise(
+    tree: Tree, *, leaves: str = "xx", closing: str = "labelled", known: Container[str] | None = None
+) -> list[str]:
     """The decoder's tokens for ``tree`` (see the module docstring).
 
     Args:
@@ -30,6 +33,9 @@ def linearise(tree: Tree, *, leaves: str = "xx", closing: str = "labelled") -> l
         leaves: ``"xx"``: ``XX`` for every word; ``"word"``: the word (``XX`` for a word starting with a bracket,
             which would read as one).
         closing: ``"labelled"``: ``)LABEL``; ``"bare"``: ``)``.
+        known: with ``leaves="word"``, the words that are written as themselves; any other word is ``XX`` (the
+            rare words of the training trees, so that the model learns what to write for a word it never saw).
+            ``None``: every word.
     """
     if leaves not in LEAVES:
         raise ValueError(f"leaves: {leaves!r} is not one of {', '.join(LEAVES)}")
@@ -41,7 +47,8 @@ def linearise(tree: Tree, *, leaves: str = "xx", closing: str = "labelled") -> l
         if isinstance(node, str) or node.is_preterminal():
             word = node if isinstance(node, str) else node.children[0]
             assert isinstance(word, str)
-            out.append(word if leaves == "word" and not word.startswith(("(", ")")) else PLACEHOLDER)
+            as_word = leaves == "word" and not word.startswith(("(", ")")) and (known is None or word in known)
+            out.append(word if as_word else PLACEHOLDER)
             return
         out.append("(" + node.label)
         for child in node.children:

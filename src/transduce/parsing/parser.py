@@ -96,7 +96,8 @@ class Parser:
             vocab, device = self.vocab, self.translator.device
 
             def rule(batch: list[int]) -> TreeConstraint:
-                return TreeConstraint.for_rows(vocab, [len(sentences[i]) for i in batch], device)
+                leaves = [vocab.leaves_for(sentences[i]) for i in batch]
+                return TreeConstraint.for_rows(vocab, [len(sentences[i]) for i in batch], device, leaves)
 
         if not well_formed or cfg.sampling:
             outputs = self.translator.translate(texts, decode=cfg, constraint=rule)

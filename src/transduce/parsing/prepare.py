@@ -15,6 +15,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,18 @@ def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
     for spec in cfg.test:
         splits[split_name(spec)] = spec
     prefixes = {}
+    trees_of = {name: read_treebank(spec) for name, spec in splits.items()}
+    known = None
+    if cfg.tree_leaves == "word" and cfg.tree_min_count > 1:
+        counts = Counter(word for tree in trees_of["train"] for word in tree.words())
+        known = {word for word, n in counts.items() if n >= cfg.tree_min_count}
+        log.info("word leaves: %d of %d training words seen at least %d times; the others are XX",
+                 len(known), len(counts), cfg.tree_min_count)  # fmt: skip
     for name, spec in splits.items():
-        trees = read_treebank(spec)
+        trees = trees_of[name]
         src = [" ".join(tree.words()) for tree in trees]
-        tgt = [" ".join(linearise(tree, leaves=cfg.tree_leaves, closing=cfg.tree_closing)) for tree in trees]
+        tgt = [" ".join(linearise(tree, leaves=cfg.tree_leaves, closing=cfg.tree_closing, known=known))
+               for tree in trees]  # fmt: skip
         prefix = directory / name
         for lang, lines in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
             Path(f"{prefix}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
