@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "DecoderCache": "transduce.model",
     "Memory": "transduce.model",
     "Transformer": "transduce.model",
+    "Ensemble": "transduce.ensemble",
     "load_model": "transduce.checkpoint",
     "save_model": "transduce.checkpoint",
     # the steps of the pipeline (training: transduce.train.train, as the name is the submodule's)
@@ -59,6 +60,7 @@ __all__ = [  # the names of _EXPORTS (a test checks)
     "DataError",
     "DecodeConfig",
     "DecoderCache",
+    "Ensemble",
     "Memory",
     "ModelConfig",
     "Scores",

@@ -267,6 +267,8 @@ def create_app(
             if target is None:  # the translation /translate gives, with the same options (and batched with it)
                 target = (await batcher.submit([sentence], options))[0]
             maps = await batcher.call(translator.attention, sentence, target)
+        except ConfigError as e:  # an ensemble: no one model's attention to show
+            return json_error(400, str(e))
         except Exception as e:
             log.exception("attention failed")
             return json_error(500, f"attention failed: {type(e).__name__}: {e}")

@@ -121,7 +121,7 @@ class Translator:
     @classmethod
     def load(
         cls,
-        path: str | Path,
+        path: str | Path | Sequence[str | Path],
         device: str | torch.device = "cpu",
         *,
         decode: DecodeConfig | None = None,
@@ -132,7 +132,10 @@ class Translator:
         """A translator from a run directory, a checkpoint, or a Hugging Face Marian model directory (an opus-mt
         model, for example; needs the ``interop`` extra), with the model's decoding configuration unless ``decode``
         is given. ``quantize="int8"`` runs the linear layers (every one where the CPU has VNNI, else the larger
-        ones) with dynamic int8 quantisation (CPU only; see :mod:`transduce.model.quantize`)."""
+        ones) with dynamic int8 quantisation (CPU only; see :mod:`transduce.model.quantize`).
+
+        A list of several paths loads an ensemble (:class:`transduce.ensemble.Ensemble`: the mean of the models'
+        next-token probabilities); they must share one vocabulary, and the decoding configuration is the first's."""
         from transduce.interop.marian import load_any
         from transduce.model.quantize import QUANTIZATIONS, quantize_int8
 
@@ -144,9 +147,18 @@ class Translator:
             raise ConfigError(f"quantize: {quantize!r} runs on the CPU only, not on {device}")
         if quantize is not None and precision != "fp32":
             raise ConfigError(f"quantize: {quantize!r} runs with precision fp32, not {precision}")
-        model, config, tokenizer = load_any(path, device)
-        if quantize == "int8":
-            model = quantize_int8(model)
+        paths = [path] if isinstance(path, str | Path) else list(path)
+        if not paths:
+            raise ConfigError("no model to load")
+        loaded = [load_any(p, device) for p in paths]
+        models = [quantize_int8(m) if quantize == "int8" else m for m, _, _ in loaded]
+        _, config, tokenizer = loaded[0]
+        model = models[0]
+        if len(paths) > 1:
+            from transduce.ensemble import Ensemble, check_same_vocabulary
+
+            check_same_vocabulary([tok for _, _, tok in loaded], [str(p) for p in paths])
+            model = Ensemble(models)
         return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens,
                    precision=precision)  # fmt: skip
 
@@ -354,6 +366,9 @@ class Translator:
         Returns:
             :class:`AttentionMaps` with the subword pieces for the axes.
         """
+        if len(getattr(self.model, "members", ())) > 1:
+            raise ConfigError("attention shows one model's weights; this translator is an ensemble of "
+                              f"{len(self.model.members)} models")  # fmt: skip
         cfg = self.model.config
         src_ids = [*self._encode([source])[0][: self.max_input_tokens], cfg.eos_id]
         if target is None:

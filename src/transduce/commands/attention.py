@@ -17,6 +17,7 @@ import logging
 
 from transduce.commands.options import add_output_argument
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
+from transduce.errors import TransduceError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transduce.plot import plot_attention_maps
 
+    if len(args.model) > 1:
+        raise TransduceError(f"attention draws one model's weights: give one --model, not {len(args.model)}")
     translator = load_translator(args)
     translator.decode = decode_config(args, translator.decode)  # the translation drawn is the one translate gives
     maps = translator.attention(args.src, args.tgt)

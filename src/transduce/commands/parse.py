@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             print("unlabelled:", evalb(gold, trees, replace(COLLINS, labelled=False), repaired=repaired).summary())
         if args.scores:
             info = {**score.to_dict(), "treebank": args.treebank, "seconds": round(seconds, 1),
-                    "parser": args.baseline or args.model,
+                    "parser": args.baseline or " + ".join(args.model),
                     **({} if args.baseline else {"constrained": not args.unconstrained})}  # fmt: skip
             Path(args.scores).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     translator.decode = decode_config(args, translator.decode)
     try:
         serve.serve(
-            args.model,
+            " + ".join(args.model),
             args.host,
             args.port,
             translator=translator,

@@ -60,10 +60,13 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model, --device, --threads, --max-input-tokens and the decoding options (shared with evaluate/attention)."""
+    """--model, --device, --threads, --max-input-tokens and the decoding options (shared with evaluate/attention);
+    --model may be given several times, for an ensemble: ``args.model`` is a list."""
     parser.add_argument(
-        "--model", required=True, metavar="PATH", help="run directory, checkpoint or Hugging Face Marian directory"
-    )
+        "--model", required=True, action="append", metavar="PATH",
+        help="run directory, checkpoint or Hugging Face Marian directory; several --model: an ensemble (the mean of "
+        "the models' probabilities; one vocabulary; the first model's decoding settings)",
+    )  # fmt: skip
     add_device_arguments(parser)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
     parser.add_argument(
