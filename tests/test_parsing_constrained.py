@@ -226,3 +226,17 @@ def test_word_leaves_are_forced_to_the_next_word():
                 leaves = [t for t in text if not t.startswith(("(", ")"))]
                 assert leaves == [w if w != "dog" else "XX" for w in words], (text, words)
                 assert not delinearise(text, words)[1].needed
+
+
+def test_a_forced_word_leaf_scores_as_all_leaves_together():
+    """Leaf probabilities 0.1 (XX), 0.2 (the), 0.3 (cat), 0.1 (sat) and 0.3 for "(S": inside the root, with "cat"
+    next, the token "cat" gets log(0.7), every other leaf -inf, the bracket keeps log(0.3)."""
+    vocab = TreeVocabulary(WORDS, EOS_ID)
+    rule = TreeConstraint.for_rows(vocab, [2], "cpu", [vocab.leaves_for(["cat", "sat"])])
+    rule = rule.advance(torch.tensor([5]))  # (S opened
+    probs = torch.full((1, len(WORDS)), 1e-9)
+    probs[0, [4, 13, 14, 15, 7]] = torch.tensor([0.1, 0.2, 0.3, 0.1, 0.3])  # XX the cat sat (NP
+    scores = rule.mask(probs.log(), step=1, max_len=torch.tensor([20]))
+    assert scores[0, 14].exp().item() == pytest.approx(0.7, abs=1e-6)
+    assert scores[0, 7].exp().item() == pytest.approx(0.3, abs=1e-6)
+    assert torch.isinf(scores[0, [4, 13, 15]]).all()

@@ -140,7 +140,7 @@ class TreeConstraint:
         can_eos = ~inside & self.opened & (left == 0)
         allowed = torch.zeros(depth.shape[0], v.size, dtype=torch.bool, device=depth.device)
         allowed[:, v.open_ids] = can_open[:, None]
-        nxt = self.leaf_seq.gather(1, leaves.clamp(0, self.leaf_seq.shape[1] - 1)[:, None]).squeeze(1)
+        nxt = self._next_leaf()
         forced = nxt >= 0
         allowed[:, v.leaf_ids] = (can_leaf & ~forced)[:, None]
         at = nxt.clamp(min=0)[:, None]  # (a row that is not forced writes its own value back)
@@ -153,9 +153,27 @@ class TreeConstraint:
         allowed[~allowed.any(dim=1)] = True
         return allowed
 
+    def _next_leaf(self) -> Tensor:
+        """(R,) the leaf id the next word must take; -1: any leaf."""
+        at = self.leaves.clamp(0, self.leaf_seq.shape[1] - 1)[:, None]
+        return self.leaf_seq.gather(1, at).squeeze(1)
+
     def mask(self, scores: Tensor, step: int, max_len: Tensor) -> Tensor:
-        """Set to -inf, in place, what :meth:`allowed` rules out; returns ``scores`` (R, V)."""
-        return scores.masked_fill_(~self.allowed(step, max_len), NEG_INF)
+        """Set to -inf, in place, what :meth:`allowed` rules out; returns ``scores`` (R, V).
+
+        Where the next leaf is forced to be the next word's token, that token's score becomes the log of the total
+        probability of all leaves (the logsumexp of their scores): the model decides between a leaf and a bracket
+        by how likely any leaf is, and the word is the input's. Otherwise a model that is unsure which word comes
+        next (a rare word) would open brackets instead of placing it."""
+        allowed = self.allowed(step, max_len)
+        nxt = self._next_leaf()
+        at = nxt.clamp(min=0)[:, None]
+        forced = (nxt >= 0) & allowed.gather(1, at).squeeze(1)
+        leaf_total = scores[:, self.vocab.leaf_ids].logsumexp(dim=1) if len(self.vocab.leaf_ids) > 1 else None
+        scores.masked_fill_(~allowed, NEG_INF)
+        if leaf_total is not None:
+            scores.scatter_(1, at, torch.where(forced, leaf_total, scores.gather(1, at).squeeze(1))[:, None])
+        return scores
 
     def reorder(self, index: Tensor) -> TreeConstraint:
         """The state of rows ``index`` (R',)."""

@@ -19,7 +19,9 @@ class SearchConstraint(Protocol):
     """What a search needs from a constraint: the state of R rows (one per hypothesis)."""
 
     def mask(self, scores: Tensor, step: int, max_len: Tensor) -> Tensor:
-        """Set to -inf (in place) the tokens that may not come next in each row.
+        """Set to -inf (in place) the tokens that may not come next in each row; a constraint may also give a
+        token the score of a set of tokens it stands for (parsing's word leaves: the next word gets the total
+        probability of all leaves).
 
         Args:
             scores: (R, V) logits or log-probabilities of the next token, already masked by ``constrain``.
