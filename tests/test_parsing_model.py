@@ -130,6 +130,11 @@ def test_attention_picture_of_a_parse(toy_run, tmp_path, capsys):
     assert png.stat().st_size > 1000
     expected = "(S (NP Kim )NP (VP sees (NP a dog )NP )VP . )S </s>"
     assert capsys.readouterr().out.replace("▁", "").strip() == expected  # the target pieces, as drawn
+    # the parse drawn is the constrained one of `transduce parse`: a word the model never saw is still a leaf
+    assert main(["attention", "--model", str(run_dir), "--src", "Zed sees a dog .", "--out", str(png)]) == 0
+    drawn = capsys.readouterr().out.replace("▁", "").split()
+    parsed = Parser.load(run_dir).parse([["Zed", "sees", "a", "dog", "."]])[0].output.split()
+    assert drawn == [*parsed, "</s>"] and drawn[drawn.index("sees") - 1].startswith("(")
 
 
 def test_baselines_from_the_command_line(toy_run, tmp_path, capsys):

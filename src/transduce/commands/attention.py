@@ -5,7 +5,9 @@ Examples:
   transduce attention --model runs/multi30k --src "A man rides a bike." -o attention.png
   transduce attention --model runs/multi30k --src "A dog." --tgt "Ein Hund." --output dog.png --self
 
-Without --tgt the model's own translation is used. The encoder-decoder attention goes to --output (row: the target
+Without --tgt the model's own translation is used; for a parsing model (data.task: parse) its parse, decoded as
+`transduce parse` decodes (the constrained search, the paper's beam 21 unless --beam is given). The
+encoder-decoder attention goes to --output (row: the target
 piece being predicted; column: the source piece); --self also writes the encoder and decoder self-attention to
 OUTPUT.encoder.png and OUTPUT.decoder.png.
 """
@@ -37,7 +39,14 @@ def run(args: argparse.Namespace) -> int:
         raise TransduceError(f"attention draws one model's weights: give one --model, not {len(args.model)}")
     translator = load_translator(args)
     translator.decode = decode_config(args, translator.decode)  # the translation drawn is the one translate gives
-    maps = translator.attention(args.src, args.tgt)
+    target = args.tgt
+    if target is None:
+        from transduce.parsing.parser import PAPER_DECODE, Parser, is_parsing_model
+
+        if is_parsing_model(translator):  # the parse `transduce parse` gives: constrained, the paper's search
+            parser = Parser(translator)
+            target = parser.parse([args.src.split()], decode_config(args, PAPER_DECODE))[0].output
+    maps = translator.attention(args.src, target)
     for path in plot_attention_maps(maps, args.output, self_attention=args.self_attention):
         log.info("wrote %s", path)
     print(" ".join(maps.tgt_out_pieces))

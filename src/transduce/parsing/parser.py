@@ -41,13 +41,21 @@ class ParseResult:
     output: str
 
 
+def _target_pieces(translator: Translator) -> list[str]:
+    return list(translator.tokenizer.tgt_pieces(range(translator.model.config.tgt_vocab_size)))
+
+
+def is_parsing_model(translator: Translator) -> bool:
+    """Whether the translator's model writes linearised trees: its target vocabulary has opening brackets."""
+    return any(p.lstrip("▁").startswith("(") for p in _target_pieces(translator))
+
+
 class Parser:
     """A translator for linearised trees plus the way back to trees (see the module docstring)."""
 
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
-        config = translator.model.config
-        self.pieces = list(translator.tokenizer.tgt_pieces(range(config.tgt_vocab_size)))
+        self.pieces = _target_pieces(translator)
         if not any(p.lstrip("▁").startswith("(") for p in self.pieces):
             log.warning("the model's target vocabulary has no opening brackets: was it trained with data.task: parse?")
         self._vocab: TreeVocabulary | None = None
