@@ -7,9 +7,8 @@ Examples:
 
 Without --tgt the model's own translation is used; for a parsing model (data.task: parse) its parse, decoded as
 `transduce parse` decodes (the constrained search, the paper's beam 21 unless --beam is given). The
-encoder-decoder attention goes to --output (row: the target
-piece being predicted; column: the source piece); --self also writes the encoder and decoder self-attention to
-OUTPUT.encoder.png and OUTPUT.decoder.png.
+encoder-decoder attention goes to --output (row: the target piece being predicted; column: the source piece);
+--self also writes the encoder and decoder self-attention to OUTPUT.encoder.png and OUTPUT.decoder.png.
 """
 
 from __future__ import annotations
