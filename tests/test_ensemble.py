@@ -133,6 +133,8 @@ def test_server_translates_with_an_ensemble_and_refuses_its_attention(pair):
     with ServerThread(create_app(translator, batch_wait_ms=5.0)) as url, httpx.Client(base_url=url, timeout=60) as c:
         r = c.post("/translate", json={"sentences": SENTENCES})
         assert r.status_code == 200 and r.json()["translations"] == translator.translate(SENTENCES)
+        health = c.get("/health").json()["model"]
+        assert health["ensemble"] == 2 and health["parameters"] == 2 * Translator.load(first).model.num_parameters()
         r = c.post("/attention", json={"sentence": "a man."})
         assert r.status_code == 400 and "ensemble of 2 models" in r.json()["error"]
 

@@ -95,7 +95,9 @@ class AttentionResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: str = Field(description='"ok"')
-    model: dict[str, Any] = Field(description="the model's shape")
+    model: dict[str, Any] = Field(
+        description="the model's shape (an ensemble's first member's, and \"ensemble\": its size)"
+    )
     decode: dict[str, Any] = Field(description="the decoding defaults (DecodeConfig)")
     limits: dict[str, Any]
     stats: dict[str, Any] = Field(description="batching counters since the server started")
@@ -308,7 +310,9 @@ def _model_info(translator: Any) -> dict[str, Any]:
         if hasattr(config, name):
             info[name] = getattr(config, name)
     if model is not None and hasattr(model, "parameters"):
-        info["parameters"] = sum(p.numel() for p in model.parameters())
+        info["parameters"] = sum(p.numel() for p in model.parameters())  # (an ensemble's: all its members')
+    if len(getattr(model, "members", ())) > 1:
+        info["ensemble"] = len(model.members)  # type: ignore[union-attr]  (the shape above is the first member's)
     if hasattr(translator, "device"):
         info["device"] = str(translator.device)
     return info
