@@ -379,7 +379,7 @@ def test_cli_parser_accepts_serve_options():
     args = build_parser().parse_args(
         ["serve", "--model", "X", "--port", "8123", "--max-sentences", "8", "--batch-wait-ms", "2", "--beam", "2"]
     )
-    assert (args.command, args.model, args.port, args.host) == ("serve", "X", 8123, "127.0.0.1")
+    assert (args.command, args.model, args.port, args.host) == ("serve", ["X"], 8123, "127.0.0.1")
     assert (args.max_sentences, args.batch_wait_ms, args.beam, args.max_chars) == (8, 2.0, 2, 1000)
 
 
