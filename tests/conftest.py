@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from decodekit import train_copy_checkpoint
+from decodekit import make_checkpoint, train_copy_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +14,10 @@ def copy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A standalone checkpoint of a small post-norm model trained to copy word sentences, with a real SentencePiece
     vocabulary (see :func:`decodekit.train_copy_checkpoint`); trained once per test session. Do not modify it."""
     return train_copy_checkpoint(tmp_path_factory.mktemp("copy_model"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A standalone checkpoint of a random ``test``-preset model with a real vocabulary (see
+    :func:`decodekit.make_checkpoint`), made once per test module."""
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))

@@ -11,15 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from decodekit import make_checkpoint, one_thread
+from decodekit import one_thread
 from trainkit import write_corpus
 from transduce.cli import COMMANDS, build_parser, main
 from transduce.config import Config
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture(autouse=True)

@@ -5,17 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from decodekit import make_checkpoint, one_thread
+from decodekit import one_thread
 from transduce.cli import main
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture(autouse=True)

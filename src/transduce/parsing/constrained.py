@@ -125,8 +125,9 @@ class TreeConstraint:
             setattr(out, name, state.get(name, getattr(self, name)))
         return out
 
-    def allowed(self, step: int, max_len: Tensor) -> Tensor:
-        """(R, V) bool: the tokens each row may take next, given ``step`` tokens so far and its maximum length."""
+    def allowed(self, step: int, max_len: Tensor, nxt: Tensor | None = None) -> Tensor:
+        """(R, V) bool: the tokens each row may take next, given ``step`` tokens so far and its maximum length
+        (``nxt``: :meth:`_next_leaf`, when the caller has it already)."""
         v = self.vocab
         depth, leaves, words = self.depth, self.leaves, self.words
         budget = max_len - step - 1  # tokens that may still follow the next one before the forced EOS
@@ -140,7 +141,7 @@ class TreeConstraint:
         can_eos = ~inside & self.opened & (left == 0)
         allowed = torch.zeros(depth.shape[0], v.size, dtype=torch.bool, device=depth.device)
         allowed[:, v.open_ids] = can_open[:, None]
-        nxt = self._next_leaf()
+        nxt = self._next_leaf() if nxt is None else nxt
         forced = nxt >= 0
         allowed[:, v.leaf_ids] = (can_leaf & ~forced)[:, None]
         at = nxt.clamp(min=0)[:, None]  # (a row that is not forced writes its own value back)
@@ -165,8 +166,8 @@ class TreeConstraint:
         probability of all leaves (the logsumexp of their scores): the model decides between a leaf and a bracket
         by how likely any leaf is, and the word is the input's. Otherwise a model that is unsure which word comes
         next (a rare word) would open brackets instead of placing it."""
-        allowed = self.allowed(step, max_len)
         nxt = self._next_leaf()
+        allowed = self.allowed(step, max_len, nxt)
         at = nxt.clamp(min=0)[:, None]
         forced = (nxt >= 0) & allowed.gather(1, at).squeeze(1)
         leaf_total = scores[:, self.vocab.leaf_ids].logsumexp(dim=1) if len(self.vocab.leaf_ids) > 1 else None
