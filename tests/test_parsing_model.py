@@ -224,31 +224,3 @@ def test_word_leaves_with_a_minimum_count_write_rare_words_as_xx(tmp_path):
     assert "XX" not in first  # the toy lexicon's words are all frequent
     with pytest.raises(ConfigError, match="tree_min_count"):
         cfg.replace(tree_min_count=0)
-
-
-def test_subtree_augmentation_adds_the_training_constituents_only(tmp_path):
-    """data.tree_subtrees: every constituent below the root spanning at least that many words becomes an extra
-    training pair (its words, its linearised subtree); the other splits and the rare-word rule are unchanged."""
-    from transduce.parsing.prepare import treebank_text
-
-    train, test = tmp_path / "train.mrg", tmp_path / "dev.mrg"
-    train.write_text(
-        "( (S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .)) )\n"
-        "( (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)) )\n",
-        encoding="utf-8",
-    )
-    test.write_text("( (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)) )\n", encoding="utf-8")
-    cfg = toy_parse_config(train, test, tmp_path / "run").data.replace(tree_min_count=2, tree_subtrees=3)
-    out = treebank_text(cfg, tmp_path / "text")
-    assert Path(f"{out.train}.words").read_text(encoding="utf-8").splitlines() == [
-        "The cat sat on the mat .", "The cat sat .", "sat on the mat", "on the mat",
-    ]  # fmt: skip
-    # "on", "the" and "mat" are seen once in the two trees (a constituent is not another sighting): XX
-    assert Path(f"{out.train}.tree").read_text(encoding="utf-8").splitlines()[2:] == [
-        "(VP sat (PP XX (NP XX XX )NP )PP )VP", "(PP XX (NP XX XX )NP )PP",
-    ]  # fmt: skip
-    assert Path(f"{out.valid}.words").read_text(encoding="utf-8") == "The cat sat .\n"
-    two = treebank_text(cfg.replace(tree_subtrees=2), tmp_path / "text2")
-    assert len(Path(f"{two.train}.words").read_text(encoding="utf-8").splitlines()) == 2 + 5  # + NP, NP, PP, NP, VP
-    with pytest.raises(ConfigError, match="tree_subtrees"):
-        cfg.replace(tree_subtrees=-1)

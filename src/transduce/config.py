@@ -303,9 +303,6 @@ class DataConfig(_Section):
     tree_leaves: str = "xx"  # parse: each word is XX in the linearised tree (xx) or itself (word)
     tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
     tree_min_count: int = 1  # parse, word leaves: a word seen fewer times in the training trees is the leaf XX
-    # parse: also train on every constituent of the training trees that spans at least this many words (its words
-    # in, its linearised subtree out): data augmentation for a small treebank; 0: whole trees only
-    tree_subtrees: int = 0
     mix: str = ""  # path prefix of a second (general-domain) raw pair mixed into every training batch
     mix_share: float = 0.0  # share of every training batch's sentences drawn from data.mix (e.g. 0.2)
 
@@ -323,7 +320,6 @@ class DataConfig(_Section):
         _check_choice("tree_leaves", self.tree_leaves, ("xx", "word"))
         _check_choice("tree_closing", self.tree_closing, ("labelled", "bare"))
         _check_positive("tree_min_count", self.tree_min_count)
-        _check_positive("tree_subtrees", self.tree_subtrees, allow_zero=True)
         if self.task == "parse" and self.joint_vocab:
             raise ConfigError("joint_vocab: parsing has a subword source and a closed target vocabulary; set "
                               "joint_vocab: false")  # fmt: skip

@@ -125,8 +125,6 @@ def _prepare_text(
         options.update(task=cfg.task, tree_leaves=cfg.tree_leaves, tree_closing=cfg.tree_closing)
         if cfg.tree_min_count != 1:
             options.update(tree_min_count=cfg.tree_min_count)
-        if cfg.tree_subtrees:
-            options.update(tree_subtrees=cfg.tree_subtrees)
     if vocabulary is not None:
         from transduce.checkpoint import vocab_sha256
 

@@ -26,7 +26,7 @@ from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE
 from transduce.data.output import write_json
 from transduce.parsing.linearize import linearise
-from transduce.parsing.trees import Tree, read_treebank, split_spec
+from transduce.parsing.trees import read_treebank, split_spec
 from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 from transduce.tokenizer import SRC_MODEL, TGT_MODEL, TOKENIZER_FILE, Tokenizer, _train_one
 
@@ -41,17 +41,6 @@ def split_name(spec: str) -> str:
     path, first, last = split_spec(spec)
     name = f"{first}-{last}" if first or last else path.name.split(".")[0]
     return re.sub(r"[^\w.-]+", "_", name) or "test"
-
-
-def constituents(trees: Iterable[Tree], min_words: int) -> list[Tree]:
-    """Every constituent below the root of ``trees`` (part-of-speech nodes excepted) that spans at least
-    ``min_words`` words, tree by tree in pre-order: the extra training pairs of ``data.tree_subtrees``."""
-    return [
-        node
-        for tree in trees
-        for node in tree.subtrees()
-        if node is not tree and not node.is_preterminal() and len(node.words()) >= min_words
-    ]
 
 
 def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
@@ -78,11 +67,6 @@ def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
         known = {word for word, n in counts.items() if n >= cfg.tree_min_count}
         log.info("word leaves: %d of %d training words seen at least %d times; the others are XX",
                  len(known), len(counts), cfg.tree_min_count)  # fmt: skip
-    if cfg.tree_subtrees:
-        extra = constituents(trees_of["train"], cfg.tree_subtrees)
-        log.info("train: %d constituents of at least %d words added to the %d trees", len(extra), cfg.tree_subtrees,
-                 len(trees_of["train"]))  # fmt: skip
-        trees_of["train"] = trees_of["train"] + extra
     for name, spec in splits.items():
         trees = trees_of[name]
         src = [" ".join(tree.words()) for tree in trees]
