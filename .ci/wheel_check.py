@@ -44,5 +44,7 @@ assert version == f"transduce {transduce.__version__}", version
 run("transduce", "quickstart", "--out", "qs", "--minutes", "0.15", "--train-pairs", "3000", "--test-pairs", "20")
 out = run("transduce", "translate", "--model", "qs/run", "--beam", "2", stdin="June 5, 2021\n\n").stdout
 lines = out.split("\n")
-assert len(lines) == 3 and lines[0] and lines[1] == "" and lines[2] == "", repr(out)
+# one line out per line in, the empty one empty (what the first says depends on how many updates 9 seconds of
+# training bought on this machine: a model that has not learned to write yet writes nothing)
+assert len(lines) == 3 and lines[1] == "" and lines[2] == "", repr(out)
 print(f"wheel ok: {package}; kernels built; {version}; 'June 5, 2021' -> {lines[0]!r}")
