@@ -7,8 +7,8 @@ sacreBLEU and the lowercased tokenised BLEU of the normal sources.
         --lang de --input-case keep,normalize
 
 Each ``--input-case`` value is one row group: ``keep`` gives the model the lines as they are, ``normalize`` lowercases
-ALL-CAPS and Title-Case lines first (transduce.casing). Decoding is the model's own configuration unless --beam is
-given.
+ALL-CAPS and Title-Case lines first, ``truecase`` lowercases them and recases each word to its usual form in the
+training sources (transduce.casing). Decoding is the model's own configuration unless --beam is given.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--src", required=True, help="source sentences (raw, cased)")
     parser.add_argument("--ref", required=True, help="reference translations (raw, cased)")
     parser.add_argument("--lang", required=True, help="target language, for the lowercased tokenised BLEU")
-    parser.add_argument("--input-case", default="keep,normalize", help="comma-separated: keep, normalize")
+    parser.add_argument("--input-case", default="keep,normalize", help="comma-separated: keep, normalize, truecase")
     parser.add_argument("--beam", type=int, help="beam size (default: the model's decoding configuration)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N sentences (0: all)")
     add_common_args(parser, reps=None)

@@ -4,6 +4,7 @@ the translator, `precision: auto`, and sacreBLEU's refusal of tokenised referenc
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from test_data_prepare import config, toy_pairs, write
 from transduce import casing
 from transduce.config import Config, ConfigError, DataConfig, DecodeConfig
 from transduce.data import ParallelDataset, prepare
+from transduce.errors import DataError
 from transduce.evaluate import tokenized_evidence
 from transduce.tokenizer import Tokenizer
 from transduce.translate import Translator
@@ -59,6 +61,39 @@ def test_normalize_and_restore():
     assert casing.title("l'homme  d'affaires") == "L'homme  D'affaires"  # not str.title's "L'Homme"
 
 
+def test_truecaser_learns_the_usual_form_of_each_word():
+    truecaser = casing.Truecaser.train([
+        "Ein Hund läuft im Schnee.",
+        "Der Hund spielt mit Max und einem Ball.",
+        "Hund und Katze im Garten",  # a line's first word does not count: "Hund" here, "Ein" above
+        "Zwei Hunde spielen. Mit Max!",  # "Mit" once, "mit" once: a tie goes to the lowercase form
+        "Das T-Shirt von Max ist rot; das Auto auch.",  # "das" twice, "Das" only first: "das" stays lowercase
+    ])  # fmt: skip
+    assert truecaser.forms == {
+        "auto": "Auto", "ball": "Ball", "garten": "Garten", "hund": "Hund", "hunde": "Hunde", "katze": "Katze",
+        "max": "Max", "schnee": "Schnee", "shirt": "Shirt", "t": "T",
+    }  # fmt: skip
+    assert truecaser("ZWEI HUNDE IM SCHNEE MIT MAX.") == "Zwei Hunde im Schnee mit Max."
+    assert truecaser("Ein Hund Spielt Mit Einem Ball Im Garten") == "Ein Hund spielt mit einem Ball im Garten"
+    assert truecaser("«DAS T-SHIRT», 2 MAL: UNBEKANNT.") == "«Das T-Shirt», 2 mal: unbekannt."
+    assert truecaser("") == ""
+    assert casing.normalize("ZWEI HUNDE IM SCHNEE.", truecaser) == ("Zwei Hunde im Schnee.", "upper")
+    assert casing.normalize("Ein Hund Im Schnee", truecaser) == ("Ein Hund im Schnee", "title")
+    assert casing.normalize("Ein Hund im Schnee.", truecaser) == ("Ein Hund im Schnee.", None)  # not touched
+
+
+def test_truecaser_round_trips_and_names_a_bad_file(tmp_path):
+    truecaser = casing.Truecaser.train(["A dog meets Anna in Straße Köln.", "The cat and Anna."])
+    assert casing.Truecaser.load(tmp_path) is None  # no table: no truecaser
+    path = truecaser.save(tmp_path)
+    assert path == tmp_path / casing.TRUECASE_FILE
+    assert casing.Truecaser.load(tmp_path).forms == truecaser.forms == {"anna": "Anna", "köln": "Köln",
+                                                                        "straße": "Straße"}  # fmt: skip
+    path.write_text('{"words": {}}', encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: not a truecasing table \(KeyError: 'forms'\)$"):
+        casing.Truecaser.load(tmp_path)
+
+
 def test_augmented_lines_are_a_fixed_share():
     lines = [n for n in range(20_000) if casing.augmented(n, 0.2)]
     assert abs(len(lines) / 20_000 - 0.2) < 4 * (0.2 * 0.8 / 20_000) ** 0.5  # binomial: within 4 sigma
@@ -94,6 +129,20 @@ def test_case_augment_adds_lowercased_source_copies(tmp_path):
         DataConfig(train="x", case_augment=1.5)
 
 
+def test_prepare_writes_the_truecasing_table_of_the_original_sources(tmp_path):
+    src, tgt = toy_pairs(200)
+    src = [re.sub(r"\bman\b", "Man", s) for s in src]  # a name, and sentence-initial capitals that do not count
+    src = [s[:1].upper() + s[1:] if i % 2 else s for i, s in enumerate(src)]
+    out = tmp_path / "out"
+    prepare(config(write(tmp_path, "c", src, tgt), case_augment=1.0, vocab_size=400), out)
+    expected = casing.Truecaser.train(src).forms
+    assert expected == {"man": "Man"} == casing.Truecaser.load(out).forms  # augmented copies not counted
+    assert Tokenizer.load(out).truecaser.forms == expected
+    lowered = tmp_path / "lowered"
+    prepare(config(write(tmp_path, "c", src, tgt), lowercase=True, vocab_size=400), lowered)
+    assert Tokenizer.load(lowered).truecaser is None and not (lowered / casing.TRUECASE_FILE).exists()
+
+
 def test_case_augment_skips_copies_that_change_nothing(tmp_path):
     src, tgt = toy_pairs(200)  # already lowercase: a lowercased copy would only repeat the pair
     manifest = prepare(config(write(tmp_path, "c", src, tgt), case_augment=0.5), tmp_path / "out")
@@ -114,8 +163,29 @@ def test_normalize_translates_the_lowercased_line_and_restores_its_style(copy_ch
     assert translator.translate(shouting, beam=2) != normalized  # keep: the model sees the capitals
     nbest = translator.translate_nbest(shouting[:1], nbest=2, input_case="normalize")[0]
     assert nbest[0].text == "TWO GIRLS PLAY ON THE GRASS." and all(t.text.isupper() for t in nbest)
-    with pytest.raises(ConfigError, match=r"input_case: 'lower' is not one of 'keep', 'normalize'"):
+    with pytest.raises(ConfigError, match=r"input_case: 'lower' is not one of 'keep', 'normalize', 'truecase'"):
         DecodeConfig(input_case="lower")
+
+
+def test_truecase_gives_the_model_the_recased_line_and_travels_with_the_checkpoint(copy_checkpoint, tmp_path):
+    from transduce.checkpoint import copy_vocab, vocab_dir_of
+
+    translator = Translator.load(copy_checkpoint)
+    shouting = ["TWO GIRLS PLAY ON THE GRASS.", "A Man Rides The Red Bike.", "a man rides the red bike."]
+    with pytest.raises(ConfigError, match=r"^input_case: 'truecase' needs the source truecasing table "
+                       r"\(truecase.json\) .*; this model has none \(use 'normalize'\)$"):  # fmt: skip
+        translator.translate(shouting, input_case="truecase")
+    vocab = copy_vocab(vocab_dir_of(copy_checkpoint), tmp_path / "vocab")
+    casing.Truecaser({"grass": "Grass", "man": "Man"}).save(vocab)
+    copied = copy_vocab(vocab, tmp_path / "copied")  # the table goes where the vocabulary goes
+    assert (copied / casing.TRUECASE_FILE).is_file()
+    translator.tokenizer = Tokenizer.load(copied)
+    seen = []
+    encode = translator._encode
+    translator._encode = lambda texts: seen.extend(texts) or encode(texts)
+    out = translator.translate(shouting, beam=2, input_case="truecase")
+    assert seen == ["Two girls play on the Grass.", "A Man rides the red bike.", "a man rides the red bike."]
+    assert out[0].isupper() and out[1] == casing.title(out[1]) and out[2] == "a man rides the red bike."
 
 
 def test_output_is_detokenised_and_keeps_case_and_punctuation(tmp_path):

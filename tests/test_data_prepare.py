@@ -67,7 +67,7 @@ def test_prepared_directory_dataset_and_manifest(tmp_path, corpus):
 
     assert manifest == json.loads((out / "manifest.json").read_text())
     assert list(manifest["splits"]) == ["train", "valid", "test_x"]
-    expected = {"manifest.json", "spm.model", "spm.vocab", "tokenizer.json"}
+    expected = {"manifest.json", "spm.model", "spm.vocab", "tokenizer.json", "truecase.json"}  # (a cased corpus)
     expected |= {
         f"{s}.{suffix}" for s in manifest["splits"] for suffix in ("src.bin", "tgt.bin", "src.idx", "tgt.idx", "line")
     }

@@ -10,6 +10,10 @@ together:
 - **Normalisation** (``decode.input_case: normalize``, at translation): a source line written in ALL CAPS or in
   Title Case (:func:`input_style`) is lowercased before it is translated, and the translation is given the input's
   style back (:func:`restore`). Lines in ordinary case are translated as they are.
+- **Truecasing** (``decode.input_case: truecase``): as normalisation, but the lowercased line is then recased, each
+  word to its most frequent form in the training sources and the first word capitalised (:class:`Truecaser`), so
+  that the model sees the case it was trained on: German nouns capitalised again, for instance. ``transduce
+  prepare`` writes the table (``truecase.json``) beside the vocabulary of a cased corpus.
 
 Which pairs are augmented is a function of the line number alone (:func:`augmented`), so a preparation is
 reproducible and independent of how the corpus is cut into chunks.
@@ -17,11 +21,20 @@ reproducible and independent of how the corpus is cut into chunks.
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Literal
 
+from transduce.errors import DataError
+
 Style = Literal["upper", "title"]
-INPUT_CASES = ("keep", "normalize")  # DecodeConfig.input_case
+INPUT_CASES = ("keep", "normalize", "truecase")  # DecodeConfig.input_case
+TRUECASE_FILE = "truecase.json"  # the source side's truecasing table, beside the vocabulary
+_WORD = re.compile(r"[^\W\d_]+")  # a run of letters: what the truecaser recases
 
 
 def augmented(line: int, share: float) -> bool:
@@ -64,11 +77,69 @@ def title(text: str) -> str:
     return " ".join(w[:1].upper() + w[1:] for w in text.split(" "))
 
 
-def normalize(text: str) -> tuple[str, Style | None]:
-    """The text to translate and the style to restore: ``(text.lower(), style)`` for ALL-CAPS and Title-Case lines,
-    ``(text, None)`` for the others."""
+class Truecaser:
+    """The most frequent form of each word of a corpus, for recasing text that lost its case.
+
+    A word is a run of letters; its occurrences as the first word of a line are not counted (they are capitalised
+    whatever the word). Only the words whose most frequent form is not all lowercase are stored (ties go to the
+    lowercase form). Recasing gives every word of a lowercased line that form and capitalises the line's first word.
+    """
+
+    def __init__(self, forms: dict[str, str]) -> None:
+        self.forms = forms  # lowercase word -> its most frequent form, where that is not the lowercase one
+
+    @classmethod
+    def train(cls, lines: Iterable[str]) -> Truecaser:
+        counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        for line in lines:
+            for match in list(_WORD.finditer(line))[1:]:
+                word = match.group()
+                counts[word.lower()][word] += 1
+        forms = {}
+        for low, seen in counts.items():
+            best = max(seen.items(), key=lambda form: (form[1], form[0] == low, form[0]))[0]
+            if best != low:
+                forms[low] = best
+        return cls(dict(sorted(forms.items())))
+
+    def __call__(self, text: str) -> str:
+        """``text`` (lowercased first) with each word in its most frequent form and the first word capitalised."""
+        first = True
+
+        def recase(match: re.Match[str]) -> str:
+            nonlocal first
+            low = match.group().lower()
+            word = self.forms.get(low, low)
+            if first:
+                word, first = word[:1].upper() + word[1:], False
+            return word
+
+        return _WORD.sub(recase, text.lower())
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / TRUECASE_FILE
+        path.write_text(json.dumps({"forms": self.forms}, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Truecaser | None:
+        """The table in ``directory``, or None where it has none."""
+        path = Path(directory) / TRUECASE_FILE
+        if not path.is_file():
+            return None
+        try:
+            return cls(dict(json.loads(path.read_text(encoding="utf-8"))["forms"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{path}: not a truecasing table ({type(e).__name__}: {e})") from None
+
+
+def normalize(text: str, truecaser: Truecaser | None = None) -> tuple[str, Style | None]:
+    """The text to translate and the style to restore: for ALL-CAPS and Title-Case lines the text lowercased (and
+    recased by ``truecaser`` where one is given) and its style, ``(text, None)`` for the others."""
     style = input_style(text)
-    return (text.lower(), style) if style is not None else (text, None)
+    if style is None:
+        return text, None
+    return (truecaser(text) if truecaser is not None else text.lower()), style
 
 
 def restore(text: str, style: Style | None) -> str:

@@ -43,6 +43,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as _st_load_model
 from safetensors.torch import save_model as _st_save_model
 
+from transduce.casing import TRUECASE_FILE
 from transduce.config import Config, ConfigError
 from transduce.errors import CheckpointError
 from transduce.model import Transformer
@@ -59,7 +60,8 @@ CHECKPOINTS_DIR = "checkpoints"
 LAST, BEST = "last", "best"
 # ours: SentencePiece *.model (+ derived *.vocab) and tokenizer.json; an imported Marian vocabulary (transduce.interop):
 # source.spm / target.spm with vocab.json (and target_vocab.json) mapping pieces to the model's ids
-_VOCAB_PATTERNS = ("*.model", "*.vocab", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json")
+# plus the source side's truecasing table (transduce.casing), which is not part of the vocabulary's identity
+_VOCAB_PATTERNS = ("*.model", "*.vocab", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json", TRUECASE_FILE)
 _VOCAB_IDENTITY = ("*.model", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json")  # not *.vocab: derived
 
 

@@ -462,7 +462,8 @@ class DecodeConfig(_Section):
     top_p: float = 1.0  # nucleus sampling: the smallest set with this much probability mass
     max_tokens: int = 4096  # token budget of one translation batch (sentences are sorted by length)
     # keep: translate every line as it is; normalize: lowercase ALL-CAPS and Title-Case lines before translating
-    # and give the translation that style back (for models trained with data.case_augment; transduce.casing)
+    # and give the translation that style back; truecase: the same, with the lowercased line recased to the
+    # training sources' usual forms (the table transduce prepare writes; transduce.casing)
     input_case: str = "keep"
 
     def __post_init__(self) -> None:

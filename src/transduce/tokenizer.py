@@ -28,6 +28,7 @@ from typing import Any
 
 import sentencepiece as spm
 
+from transduce.casing import Truecaser
 from transduce.errors import DataError
 from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 
@@ -124,12 +125,18 @@ class Tokenizer(Vocabulary):
     """
 
     def __init__(
-        self, src: spm.SentencePieceProcessor, tgt: spm.SentencePieceProcessor | None = None, *, lowercase: bool
+        self,
+        src: spm.SentencePieceProcessor,
+        tgt: spm.SentencePieceProcessor | None = None,
+        *,
+        lowercase: bool,
+        truecaser: Truecaser | None = None,
     ) -> None:
         self._src = src
         self._tgt = tgt if tgt is not None else src
         self.joint = tgt is None or tgt is src
         self.lowercase = lowercase
+        self.truecaser = truecaser  # the source side's (transduce.casing; decode.input_case=truecase)
         for side, proc in (("source", self._src), ("target", self._tgt)):
             _check_special_ids(proc, side)
 
@@ -227,7 +234,8 @@ class Tokenizer(Vocabulary):
         """Load from ``directory`` the model files named in ``meta`` (the content of ``tokenizer.json``)."""
         src = _load_model(directory / meta["files"]["src"])
         tgt = None if meta["joint"] else _load_model(directory / meta["files"]["tgt"])
-        return cls(src, tgt, lowercase=bool(meta["lowercase"]))
+        tok = cls(src, tgt, lowercase=bool(meta["lowercase"]), truecaser=Truecaser.load(directory))
+        return tok
 
     # ------------------------------------------------------------------------------------------------------------------
     # use
@@ -266,6 +274,8 @@ class Tokenizer(Vocabulary):
             "tgt_vocab_size": self.tgt_vocab_size,
         }
         (directory / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if self.truecaser is not None:
+            self.truecaser.save(directory)
         return directory
 
     def extended(self, directory: str | Path, src_new: Sequence[NewPiece], tgt_new: Sequence[NewPiece]) -> Path:
@@ -274,7 +284,7 @@ class Tokenizer(Vocabulary):
         src, tgt = self.model_protos()
         src_proc = spm.SentencePieceProcessor(model_proto=append_pieces(src, src_new))
         tgt_proc = None if self.joint else spm.SentencePieceProcessor(model_proto=append_pieces(tgt, tgt_new))
-        return Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase).save(directory)
+        return Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase, truecaser=self.truecaser).save(directory)
 
     def normalise(self, text: str) -> str:
         """The text normalisation applied before SentencePiece's own (NFKC, whitespace): lowercasing if set."""

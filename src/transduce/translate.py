@@ -294,8 +294,9 @@ class Translator:
         eos = self.model.config.eos_id
         width = cfg.nbest if cfg.sampling else cfg.beam  # hypotheses per sentence in the search
         styles: list[casing.Style | None] = [None] * len(lines)
-        if cfg.input_case == "normalize":
-            normalized = [casing.normalize(text) for _, text in lines]
+        if cfg.input_case != "keep":
+            truecaser = self._truecaser() if cfg.input_case == "truecase" else None
+            normalized = [casing.normalize(text, truecaser) for _, text in lines]
             lines = [(lineno, text) for (lineno, _), (text, _) in zip(lines, normalized)]
             styles = [style for _, style in normalized]
         ids = self._encode([text for _, text in lines])
@@ -333,6 +334,15 @@ class Translator:
                 text = " ".join(self._to_translation(h, styles[i]).text for h in best).strip()
                 out.append([Translation(text, sum(h.score for h in best), sum(h.log_prob for h in best))])
         return out
+
+    def _truecaser(self) -> casing.Truecaser:
+        truecaser = getattr(self.tokenizer, "truecaser", None)
+        if truecaser is None:
+            raise ConfigError(
+                f"input_case: 'truecase' needs the source truecasing table ({casing.TRUECASE_FILE}) that transduce "
+                "prepare writes beside the vocabulary of a cased corpus; this model has none (use 'normalize')"
+            )
+        return truecaser
 
     def _to_translation(self, hyp: Hypothesis, style: casing.Style | None = None) -> Translation:
         text = self.tokenizer.decode_tgt(hyp.tokens)

@@ -18,7 +18,8 @@ interrupted run leaves no partial output. The prepared directory holds:
 
 - ``manifest.json``: inputs (path, size, SHA-256, lines), options, tokenizer, dtype, per-split counts;
 - ``tokenizer.json`` and ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` (see
-  :mod:`transduce.tokenizer`);
+  :mod:`transduce.tokenizer`), and for a cased corpus ``truecase.json``, the source words' usual case
+  (:class:`transduce.casing.Truecaser`);
 - per split (``train``, ``valid``, one per test prefix named after its basename): the files of
   :mod:`transduce.data.binary`.
 """
@@ -40,7 +41,7 @@ from typing import Any
 
 import sentencepiece
 
-from transduce.casing import augment_pair, augmented
+from transduce.casing import Truecaser, augment_pair, augmented
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE, MIX_SPLIT, SplitWriter, ids_dtype, split_files
 from transduce.data.corpus import Corpus, resolve_corpus, split_name
@@ -235,6 +236,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
     rng = random.Random(SAMPLE_SEED)
     wanted = iter(sorted(rng.sample(range(lines), k)) if lines > k else range(lines))
     sample: list[tuple[str, str]] = []
+    originals: list[tuple[str, str]] = []  # the sample without the case-augmented copies
     next_line = next(wanted, None)
     for lineno, s_raw, t_raw in corpus.pairs():
         if lineno - 1 != next_line:
@@ -246,6 +248,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
             continue  # skip_invalid_utf8 (else _check has failed)
         if s.strip() and t.strip():
             sample.append((s, t))
+            originals.append((s, t))
             if augmented(lineno - 1, cfg.case_augment):  # the vocabulary also sees the augmented copies
                 sample.append(augment_pair(s, t))
         if next_line is None:
@@ -267,8 +270,14 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
         threads=workers,
     )
     if cfg.joint_vocab:
-        return Tokenizer.train(tmp, (s for pair in sample for s in pair), **options)
-    return Tokenizer.train(tmp, (s for s, _ in sample), (t for _, t in sample), **options)
+        tokenizer = Tokenizer.train(tmp, (s for pair in sample for s in pair), **options)
+    else:
+        tokenizer = Tokenizer.train(tmp, (s for s, _ in sample), (t for _, t in sample), **options)
+    if not cfg.lowercase:  # for decode.input_case=truecase; the augmented copies' lowercased sources not counted
+        tokenizer.truecaser = Truecaser.train(s for s, _ in originals)
+        tokenizer.truecaser.save(tmp)
+        log.info("truecasing table: %d source words whose usual form is not lowercase", len(tokenizer.truecaser.forms))
+    return tokenizer
 
 
 def _chunks(split: str, corpus: Corpus) -> Iterator[Chunk]:
