@@ -6,19 +6,23 @@ recomputed from each hypothesis's prefix does."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from transduce.config import ModelConfig
 from transduce.model import Transformer
-from transduce.parsing.constrained import TreeConstraint, TreeVocabulary
-from transduce.parsing.linearize import delinearise
+from transduce.parsing.constrained import InOrderConstraint, TreeConstraint, TreeVocabulary
+from transduce.parsing.linearize import delinearise, linearise
+from transduce.parsing.trees import parse_trees, read_treebank
 from transduce.search import beam_search, greedy_search, sample
 from transduce.special import EOS_ID, PAD_ID
 
 PIECES = ["<pad>", "<s>", "</s>", "<unk>", "▁XX", "▁(S", "▁)S", "▁(NP", "▁)NP", "▁(VP", "▁)VP", "▁(PP", "▁)PP"]
 BARE = ["<pad>", "<s>", "</s>", "<unk>", "▁XX", "▁(S", "▁(NP", "▁(VP", "▁)"]
+ORDERS = [(TreeConstraint, "top-down"), (InOrderConstraint, "in-order")]
+PTB = Path(__file__).parents[2] / "shared" / "data" / "ptb_sample" / "wsj_0001-0169.mrg.tar.gz"
 
 
 @pytest.fixture(autouse=True)
@@ -43,58 +47,104 @@ def random_batch(seed: int, n: int) -> tuple[torch.Tensor, list[int]]:
     return src, [rng.randint(1, 12) for _ in range(n)]
 
 
-def check_trees(hyps: list[list[int]], words: list[int], pieces: list[str]) -> None:
+def check_trees(hyps: list[list[int]], words: list[int], pieces: list[str], order: str = "top-down") -> None:
     """Each output reads back, unmended, as a tree over its sentence's number of words."""
     for tokens, n in zip(hyps, words):
         text = [pieces[t].lstrip("▁") for t in tokens]
-        tree, repair = delinearise(text, [f"w{i}" for i in range(n)])
+        tree, repair = delinearise(text, [f"w{i}" for i in range(n)], order)
         assert not repair.needed, (text, n, repair)
         assert len(tree.words()) == n and text.count("XX") == n
 
 
-def repaired(hyps: list[list[int]], words: list[int], pieces: list[str]) -> int:
+def repaired(hyps: list[list[int]], words: list[int], pieces: list[str], order: str = "top-down") -> int:
     return sum(
-        delinearise([pieces[t].lstrip("▁") for t in tokens], [f"w{i}" for i in range(n)])[1].needed
+        delinearise([pieces[t].lstrip("▁") for t in tokens], [f"w{i}" for i in range(n)], order)[1].needed
         for tokens, n in zip(hyps, words)
     )
 
 
+@pytest.mark.parametrize(("constraint", "order"), ORDERS, ids=["top-down", "in-order"])
 @pytest.mark.parametrize("pieces", [PIECES, BARE], ids=["labelled", "bare"])
-def test_random_models_give_well_formed_trees_greedy_beam_and_sampling(pieces):
+def test_random_models_give_well_formed_trees_greedy_beam_and_sampling(pieces, constraint, order):
     vocab = TreeVocabulary(pieces, EOS_ID)
     unconstrained_repairs = 0
     for seed in range(6):
         model = random_model(seed, len(pieces))
         src, words = random_batch(seed, 12)
-        rule = TreeConstraint.for_rows(vocab, words)
+        rule = constraint.for_rows(vocab, words)
         greedy = [h.tokens for h in greedy_search(model, src, max_len_b=40, constraint=rule)]
-        check_trees(greedy, words, pieces)
+        check_trees(greedy, words, pieces, order)
         beams = beam_search(model, src, beam=4, nbest=4, length_penalty=0.3, max_len_b=40, constraint=rule)
         for k in range(4):
-            check_trees([hyps[k].tokens for hyps in beams], words, pieces)
+            check_trees([hyps[k].tokens for hyps in beams], words, pieces, order)
         drawn = sample(model, src, num_samples=3, max_len_b=40, constraint=rule,
                        generator=torch.Generator().manual_seed(seed))  # fmt: skip
         for k in range(3):
-            check_trees([hyps[k].tokens for hyps in drawn], words, pieces)
+            check_trees([hyps[k].tokens for hyps in drawn], words, pieces, order)
         free = [h.tokens for h in greedy_search(model, src, max_len_b=40)]
-        unconstrained_repairs += repaired(free, words, pieces)
+        unconstrained_repairs += repaired(free, words, pieces, order)
     assert unconstrained_repairs > 36  # without the constraint, most of these random outputs are not such trees
 
 
-def test_length_limit_forces_the_closings():
+@pytest.mark.parametrize(("constraint", "order"), ORDERS, ids=["top-down", "in-order"])
+def test_length_limit_forces_the_closings(constraint, order):
     """At a maximum length of words + 2 the only tree is one bracket over the words, and it is found; a row whose
     limit is too short for any tree is decoded unconstrained (and mended by delinearise)."""
     vocab = TreeVocabulary(PIECES, EOS_ID)
     model = random_model(3, len(PIECES))
     src, _ = random_batch(3, 8)
     words = [5] * 7 + [9]
-    greedy = greedy_search(model, src, max_len_a=0, max_len_b=7, constraint=TreeConstraint.for_rows(vocab, words))
-    beams = beam_search(model, src, beam=5, max_len_a=0, max_len_b=7, constraint=TreeConstraint.for_rows(vocab, words))
+    greedy = greedy_search(model, src, max_len_a=0, max_len_b=7, constraint=constraint.for_rows(vocab, words))
+    beams = beam_search(model, src, beam=5, max_len_a=0, max_len_b=7, constraint=constraint.for_rows(vocab, words))
     for hyps in (greedy, [h[0] for h in beams]):
         for h in hyps[:7]:
             text = [PIECES[t].lstrip("▁") for t in h.tokens]
-            assert len(text) == 7 and text[1:6] == ["XX"] * 5 and text[0][0] == "(" and text[6] == ")" + text[0][1:]
+            if order == "in-order":  # XX (S XX XX XX XX )S
+                assert len(text) == 7 and text[0] == "XX" and text[2:6] == ["XX"] * 4 and text[1][0] == "("
+                assert text[6] == ")" + text[1][1:]
+            else:  # (S XX XX XX XX XX )S
+                assert len(text) == 7 and text[1:6] == ["XX"] * 5 and text[0][0] == "("
+                assert text[6] == ")" + text[0][1:]
         assert len(hyps[7].tokens) <= 7
+
+
+def gold_is_allowed(trees: list, order: str, closing: str) -> None:
+    """Stepping every tree's own linearisation through the constraint, in one batch: each token is allowed when it
+    comes, and EOS right after the last one."""
+    lines = [linearise(tree, closing=closing, order=order) for tree in trees]
+    pieces = ["<pad>", "<s>", "</s>", "<unk>", *sorted({"▁" + t for line in lines for t in line})]
+    ids = {p[1:]: i for i, p in enumerate(pieces) if p.startswith("▁")}
+    vocab = TreeVocabulary(pieces, EOS_ID)
+    rule = (InOrderConstraint if order == "in-order" else TreeConstraint).for_rows(
+        vocab, [len(t.words()) for t in trees]
+    )
+    width = max(map(len, lines)) + 1
+    seqs = torch.tensor([[ids[t] for t in line] + [EOS_ID] * (width - len(line)) for line in lines])
+    lengths = torch.tensor([len(line) for line in lines])
+    max_len = lengths + 1  # as tight as it gets: the tree, then EOS
+    for step in range(width):
+        allowed = rule.allowed(step, max_len)
+        live = step <= lengths
+        assert allowed[live].gather(1, seqs[live, step : step + 1]).all(), step
+        rule = rule.advance(seqs[:, step])
+
+
+@pytest.mark.parametrize("order", ["top-down", "in-order"])
+@pytest.mark.parametrize("closing", ["labelled", "bare"])
+def test_the_constraint_allows_every_gold_tree(order, closing):
+    trees = list(parse_trees(
+        "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (PRP it)))) (. .)) (S (VP (VB Go)) (. !)) "
+        "(NP (NN x)) (S (S (NP (NN a)) (VP (VB b))) (CC and) (S (NP (NN c)) (VP (VB d))))"
+    ))  # fmt: skip
+    gold_is_allowed(trees, order, closing)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("order", ["top-down", "in-order"])
+def test_the_constraint_allows_every_training_tree(order):
+    if not PTB.exists():
+        pytest.skip(f"{PTB} not found (../shared beside the checkout)")
+    gold_is_allowed(read_treebank(f"{PTB}:wsj_0001-wsj_0139"), order, "labelled")
 
 
 class Steered:
@@ -137,11 +187,12 @@ def test_beam_keeps_an_output_that_is_already_a_tree():
 
 
 def state(rule: TreeConstraint) -> list[tuple]:
-    """Each row's state: depth, leaves, opened, and its open brackets (labels, whether each holds a leaf)."""
+    """Each row's state: every per-row value, the stacks (labels, whether each holds a leaf) as deep as the row."""
     return [
-        (d, rule.leaves[r].item(), rule.opened[r].item(), rule.labels[r, :d].tolist(), rule.has_leaf[r, :d].tolist())
+        tuple(getattr(rule, name)[r, :d].tolist() if name in ("labels", "has_leaf") else getattr(rule, name)[r].tolist()
+              for name in rule._STATE)
         for r, d in enumerate(rule.depth.tolist())
-    ]
+    ]  # fmt: skip
 
 
 class Recomputed:
@@ -152,7 +203,7 @@ class Recomputed:
         self.rule, self.prefixes, self.seen = rule, prefixes, seen
 
     def mask(self, scores, step, max_len):
-        fresh = TreeConstraint(self.rule.vocab, self.rule.words)
+        fresh = type(self.rule)(self.rule.vocab, self.rule.words)
         for k in range(step):
             fresh = fresh.advance(torch.tensor([p[k] for p in self.prefixes]))
         assert state(self.rule) == state(fresh)
@@ -168,13 +219,14 @@ class Recomputed:
                           self.seen)  # fmt: skip
 
 
+@pytest.mark.parametrize(("constraint", "order"), ORDERS, ids=["top-down", "in-order"])
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_constraint_state_follows_the_beam(use_cache):
+def test_constraint_state_follows_the_beam(use_cache, constraint, order):
     vocab = TreeVocabulary(PIECES, EOS_ID)
     model = random_model(7, len(PIECES))
     src, words = random_batch(7, 6)
     seen: list = []
-    rule = Recomputed(TreeConstraint.for_rows(vocab, words), [[] for _ in words], seen)
+    rule = Recomputed(constraint.for_rows(vocab, words), [[] for _ in words], seen)
     got = beam_search(model, src, beam=5, nbest=5, length_penalty=0.3, max_len_b=40, use_cache=use_cache,
                       constraint=rule)  # fmt: skip
     # the prefixes the constraint followed are the search's own: every finished hypothesis was one of them
@@ -184,7 +236,7 @@ def test_constraint_state_follows_the_beam(use_cache):
             assert tuple(h.tokens) in followed
     assert len(seen) > max(words)
     plain = beam_search(model, src, beam=5, nbest=5, length_penalty=0.3, max_len_b=40, use_cache=use_cache,
-                        constraint=TreeConstraint.for_rows(vocab, words))  # fmt: skip
+                        constraint=constraint.for_rows(vocab, words))  # fmt: skip
     assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in plain]
 
 
@@ -201,7 +253,8 @@ def test_vocabulary_roles_and_refusal():
 WORDS = [*PIECES, "▁the", "▁cat", "▁sat"]  # a word-leaf vocabulary: XX stands for the words it lacks
 
 
-def test_word_leaves_are_forced_to_the_next_word():
+@pytest.mark.parametrize(("constraint", "order"), ORDERS, ids=["top-down", "in-order"])
+def test_word_leaves_are_forced_to_the_next_word(constraint, order):
     """With word leaves, every leaf of every output is the sentence's next word in order, or XX for a word the
     vocabulary lacks; random models, greedy, beam and sampling."""
     vocab = TreeVocabulary(WORDS, EOS_ID)
@@ -212,8 +265,8 @@ def test_word_leaves_are_forced_to_the_next_word():
         model = random_model(seed, len(WORDS))
         src, _ = random_batch(seed, 10)
         sentences = [[rng.choice(["the", "cat", "sat", "dog"]) for _ in range(rng.randint(1, 8))] for _ in range(10)]
-        rule = TreeConstraint.for_rows(vocab, [len(s) for s in sentences], "cpu",
-                                       [vocab.leaves_for(s) for s in sentences])  # fmt: skip
+        rule = constraint.for_rows(vocab, [len(s) for s in sentences], "cpu",
+                                   [vocab.leaves_for(s) for s in sentences])  # fmt: skip
         outputs = [[h.tokens for h in greedy_search(model, src, max_len_b=40, constraint=rule)]]
         beams = beam_search(model, src, beam=4, nbest=4, length_penalty=0.3, max_len_b=40, constraint=rule)
         outputs += [[hyps[k].tokens for hyps in beams] for k in range(4)]
@@ -225,7 +278,7 @@ def test_word_leaves_are_forced_to_the_next_word():
                 text = [WORDS[t].lstrip("▁") for t in tokens]
                 leaves = [t for t in text if not t.startswith(("(", ")"))]
                 assert leaves == [w if w != "dog" else "XX" for w in words], (text, words)
-                assert not delinearise(text, words)[1].needed
+                assert not delinearise(text, words, order)[1].needed
 
 
 def test_a_forced_word_leaf_scores_as_all_leaves_together():

@@ -41,24 +41,40 @@ def test_linearise_variants():
     assert linearise(TREE, known={"The"}) == linearise(TREE)
     with pytest.raises(ValueError, match="closing: 'x' is not one of labelled, bare"):
         linearise(TREE, closing="x")
+    with pytest.raises(ValueError, match="order: 'x' is not one of top-down, in-order"):
+        linearise(TREE, order="x")
 
 
+def test_in_order_linearisation():
+    # a constituent's first child, then its label, then the other children: (VP sat (PP on (NP it))) is
+    # "sat (VP on (PP it (NP )NP )PP )VP"; the unary (NP it) is "it (NP )NP"
+    assert " ".join(linearise(TREE, order="in-order")) == "XX (NP XX )NP (S XX (VP XX (PP XX (NP )NP )PP )VP XX )S"
+    assert " ".join(linearise(TREE, leaves="word", closing="bare", order="in-order")) == (
+        "The (NP cat ) (S sat (VP on (PP it (NP ) ) ) . )"
+    )
+    unary = next(parse_trees("(S (VP (VB Go)) (. !))"))  # a unary chain over the first child
+    assert linearise(unary, leaves="word", order="in-order") == ["Go", "(VP", ")VP", "(S", "!", ")S"]
+    assert sorted(linearise(TREE, order="in-order")) == sorted(linearise(TREE))  # the same tokens, reordered
+
+
+@pytest.mark.parametrize("order", ["top-down", "in-order"])
 @pytest.mark.parametrize("leaves", ["xx", "word"])
 @pytest.mark.parametrize("closing", ["labelled", "bare"])
-def test_delinearise_inverts_linearise(leaves, closing):
-    tree, repair = delinearise(linearise(TREE, leaves=leaves, closing=closing), WORDS)
+def test_delinearise_inverts_linearise(leaves, closing, order):
+    tree, repair = delinearise(linearise(TREE, leaves=leaves, closing=closing, order=order), WORDS, order)
     assert tree == xx(TREE) and not repair.needed
 
 
 @pytest.mark.shared
-@pytest.mark.parametrize("closing", ["labelled", "bare"])
-def test_linearise_then_delinearise_is_the_identity_on_every_training_tree(closing):
+@pytest.mark.parametrize(("closing", "order"), [("labelled", "top-down"), ("bare", "top-down"),
+                                                ("labelled", "in-order"), ("bare", "in-order")])  # fmt: skip
+def test_linearise_then_delinearise_is_the_identity_on_every_training_tree(closing, order):
     if not PTB.exists():
         pytest.skip(f"{PTB} not found (../shared beside the checkout)")
     trees = read_treebank(f"{PTB}:wsj_0001-wsj_0139")
     assert len(trees) == 3068
     for tree in trees:
-        back, repair = delinearise(linearise(tree, closing=closing), tree.words())
+        back, repair = delinearise(linearise(tree, closing=closing, order=order), tree.words(), order)
         assert back == xx(tree) and not repair.needed, tree
 
 
@@ -97,16 +113,38 @@ def test_repair(output, expected, repairs):
     assert well_formed(tree, WORDS)
 
 
-def test_any_token_sequence_gives_a_well_formed_tree_over_the_words():
+@pytest.mark.parametrize(
+    ("output", "expected", "repairs"),
+    [
+        # an opening bracket with nothing before it opens empty (and takes what follows)
+        ("(S XX XX XX XX XX XX )S", "(S (XX The) (XX cat) (XX sat) (XX on) (XX it) (XX .))", {"empty_openings": 1}),
+        # an opening right after an opening takes the outer one's first child (the outer one then holds the inner
+        # one alone); the missing words go at the end of the one tree
+        ("XX (NP (S XX )S )NP", "(NP (S (XX The) (XX cat)) (XX sat) (XX on) (XX it) (XX .))", {"missing_leaves": 4}),
+        # a bare leaf at the top: the words under TOP
+        ("XX XX (NP )NP", "(TOP (XX The) (NP (XX cat)) (XX sat) (XX on) (XX it) (XX .))",
+         {"missing_leaves": 4, "wrapped_root": True}),
+    ],
+)  # fmt: skip
+def test_repair_in_order(output, expected, repairs):
+    tree, repair = delinearise(output, WORDS, "in-order")
+    assert tree.to_string() == expected
+    for name, value in repairs.items():
+        assert getattr(repair, name) == value, name
+    assert well_formed(tree, WORDS)
+
+
+@pytest.mark.parametrize("order", ["top-down", "in-order"])
+def test_any_token_sequence_gives_a_well_formed_tree_over_the_words(order):
     rng = random.Random(0)
     vocab = ["(S", "(NP", "(VP", "(PP", ")S", ")NP", ")VP", ")", "XX", "XX", "XX", "<unk>", "("]
     for _ in range(2000):
         words = [f"w{i}" for i in range(rng.randint(0, 8))]
         tokens = [rng.choice(vocab) for _ in range(rng.randint(0, 30))]
-        tree, _ = delinearise(tokens, words)
+        tree, _ = delinearise(tokens, words, order)
         assert tree.words() == words, tokens
         if words:
             assert well_formed(tree, words), tokens
             # and it reads back to itself: linearising the repaired tree needs no repair
-            again, repair = delinearise(linearise(tree), words)
+            again, repair = delinearise(linearise(tree, order=order), words, order)
             assert again == tree and not repair.needed, tokens

@@ -47,7 +47,7 @@ def write_toy_treebank(directory: Path) -> tuple[Path, Path]:
     return train, test
 
 
-def toy_parse_config(train: Path, test: Path, run_dir: Path) -> Config:
+def toy_parse_config(train: Path, test: Path, run_dir: Path, *more: str) -> Config:
     root = Path(__file__).resolve().parents[1]
     overrides = [
         "data.task=parse", "data.src_lang=words", "data.tgt_lang=tree", "data.joint_vocab=false",
@@ -56,7 +56,7 @@ def toy_parse_config(train: Path, test: Path, run_dir: Path) -> Config:
         "model.d_model=64", "model.d_ff=128", "model.dropout=0.1", "train.max_steps=800", "train.max_tokens=1024",
         "train.peak_lr=5.0e-3", "train.warmup_steps=40", "train.schedule=cosine",
         "train.valid_every=0", "train.log_every=50",
-        "train.valid_bleu=false", "decode.max_len_b=40",
+        "train.valid_bleu=false", "decode.max_len_b=40", *more,
     ]  # fmt: skip
     return Config.load(root / "configs" / "toy.yaml", overrides=overrides)
 
@@ -73,6 +73,18 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return run_dir, test_mrg
 
 
+@pytest.fixture(scope="module")
+def toy_run_in_order(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from transduce.train import train
+
+    directory = tmp_path_factory.mktemp("toy_parse_in_order")
+    train_mrg, test_mrg = write_toy_treebank(directory / "treebank")
+    run_dir = directory / "run"
+    overrides = ("data.tree_order=in-order", "train.max_steps=500")
+    assert train(toy_parse_config(train_mrg, test_mrg, run_dir, *overrides)).exit_code == 0
+    return run_dir, test_mrg
+
+
 def test_prepared_treebank_keeps_its_text_and_a_closed_target_vocabulary(toy_run):
     run_dir, _ = toy_run
     manifest = json.loads((run_dir / "data" / "manifest.json").read_text(encoding="utf-8"))
@@ -85,11 +97,17 @@ def test_prepared_treebank_keeps_its_text_and_a_closed_target_vocabulary(toy_run
     assert (vocab["joint"], vocab["tgt_vocab_type"], vocab["tgt_vocab_size"]) == (False, "word", 28)
 
 
-def test_a_tiny_model_parses_the_toy_grammar_exactly(toy_run):
-    run_dir, test_mrg = toy_run
+@pytest.mark.parametrize("order", ["top-down", "in-order"])
+def test_a_tiny_model_parses_the_toy_grammar_exactly(order, request):
+    run_dir, test_mrg = request.getfixturevalue("toy_run" if order == "top-down" else "toy_run_in_order")
     gold = read_treebank(test_mrg)
     parser = Parser.load(run_dir)
-    assert parser.decode == PAPER_DECODE
+    assert parser.decode == PAPER_DECODE and parser.order == order
+    first = (run_dir / "data" / "text" / "train.tree").read_text(encoding="utf-8").split(" ", 2)[:2]
+    # top-down: "(S (NP the cat )NP ..."; in-order: "the (NP cat )NP (S ..." (a word first, its NP after it)
+    assert first[1] == "(NP" and (first[0] == "(S" if order == "top-down" else not first[0].startswith(("(", ")")))
+    tokenizer = json.loads((run_dir / "data" / "tokenizer.json").read_text(encoding="utf-8"))
+    assert tokenizer.get("tree_order", "top-down") == order
     results = parser.parse([t.words() for t in gold], PAPER_DECODE.replace(beam=4))
     strip = lambda t: t.to_string().replace("(XX ", "(")  # noqa: E731
     for tree, result in zip(gold, results):

@@ -302,6 +302,7 @@ class DataConfig(_Section):
     task: str = "translate"
     tree_leaves: str = "xx"  # parse: each word is XX in the linearised tree (xx) or itself (word)
     tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
+    tree_order: str = "top-down"  # parse: a bracket opens before its first child (top-down) or after it (in-order)
     tree_min_count: int = 1  # parse, word leaves: a word seen fewer times in the training trees is the leaf XX
     mix: str = ""  # path prefix of a second (general-domain) raw pair mixed into every training batch
     mix_share: float = 0.0  # share of every training batch's sentences drawn from data.mix (e.g. 0.2)
@@ -319,6 +320,7 @@ class DataConfig(_Section):
         _check_choice("task", self.task, ("translate", "parse"))
         _check_choice("tree_leaves", self.tree_leaves, ("xx", "word"))
         _check_choice("tree_closing", self.tree_closing, ("labelled", "bare"))
+        _check_choice("tree_order", self.tree_order, ("top-down", "in-order"))
         _check_positive("tree_min_count", self.tree_min_count)
         if self.task == "parse" and self.joint_vocab:
             raise ConfigError("joint_vocab: parsing has a subword source and a closed target vocabulary; set "

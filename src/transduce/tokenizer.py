@@ -137,6 +137,7 @@ class Tokenizer(Vocabulary):
         self.joint = tgt is None or tgt is src
         self.lowercase = lowercase
         self.truecaser = truecaser  # the source side's (transduce.casing; decode.input_case=truecase)
+        self.tree_order = "top-down"  # a parsing model's linearisation (transduce.parsing.linearize)
         for side, proc in (("source", self._src), ("target", self._tgt)):
             _check_special_ids(proc, side)
 
@@ -235,6 +236,7 @@ class Tokenizer(Vocabulary):
         src = _load_model(directory / meta["files"]["src"])
         tgt = None if meta["joint"] else _load_model(directory / meta["files"]["tgt"])
         tok = cls(src, tgt, lowercase=bool(meta["lowercase"]), truecaser=Truecaser.load(directory))
+        tok.tree_order = meta.get("tree_order", "top-down")
         return tok
 
     # ------------------------------------------------------------------------------------------------------------------
@@ -273,6 +275,8 @@ class Tokenizer(Vocabulary):
             "src_vocab_size": self.src_vocab_size,
             "tgt_vocab_size": self.tgt_vocab_size,
         }
+        if self.tree_order != "top-down":
+            meta["tree_order"] = self.tree_order
         (directory / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         if self.truecaser is not None:
             self.truecaser.save(directory)

@@ -126,6 +126,8 @@ def _prepare_text(
         options.update(task=cfg.task, tree_leaves=cfg.tree_leaves, tree_closing=cfg.tree_closing)
         if cfg.tree_min_count != 1:
             options.update(tree_min_count=cfg.tree_min_count)
+        if cfg.tree_order != "top-down":
+            options.update(tree_order=cfg.tree_order)
     if vocabulary is not None:
         from transduce.checkpoint import vocab_sha256
 

@@ -15,6 +15,11 @@ The rules, per hypothesis, with ``n`` the sentence's words, ``depth`` the bracke
   bracket (``n - leaves + depth`` tokens, one more before the root is opened).
 
 Special tokens (``<unk>``, PAD, BOS) and pieces that are neither brackets nor whole words never come.
+
+:class:`InOrderConstraint` holds the same for the in-order linearisation (``data.tree_order: in-order``), where a
+constituent's opening bracket follows its first child: a leaf only inside an open bracket, or as the very first
+token; an opening bracket only right after a leaf or a closing bracket (it takes that as its first child); a
+closing bracket whenever a bracket is open (the innermost one's label); EOS once one bracket spans every word.
 """
 
 from __future__ import annotations
@@ -105,6 +110,8 @@ class TreeConstraint:
     brackets' labels and whether each holds a leaf yet, (R, capacity), grown when a row gets deeper.
     """
 
+    _STATE = ("words", "leaf_seq", "depth", "leaves", "opened", "labels", "has_leaf")  # per row, follows the beam
+
     def __init__(self, vocab: TreeVocabulary, words: Tensor, leaf_seq: Tensor | None = None) -> None:
         rows, device = words.shape[0], words.device
         self.vocab = vocab
@@ -119,16 +126,15 @@ class TreeConstraint:
         self.has_leaf = torch.zeros(rows, 8, dtype=torch.bool, device=device)
 
     def _new(self, **state: Tensor) -> TreeConstraint:
-        out = TreeConstraint.__new__(TreeConstraint)
+        out = type(self).__new__(type(self))
         out.vocab = self.vocab
-        for name in ("words", "leaf_seq", "depth", "leaves", "opened", "labels", "has_leaf"):
+        for name in self._STATE:
             setattr(out, name, state.get(name, getattr(self, name)))
         return out
 
     def allowed(self, step: int, max_len: Tensor, nxt: Tensor | None = None) -> Tensor:
         """(R, V) bool: the tokens each row may take next, given ``step`` tokens so far and its maximum length
         (``nxt``: :meth:`_next_leaf`, when the caller has it already)."""
-        v = self.vocab
         depth, leaves, words = self.depth, self.leaves, self.words
         budget = max_len - step - 1  # tokens that may still follow the next one before the forced EOS
         left = words - leaves
@@ -139,13 +145,22 @@ class TreeConstraint:
         can_leaf = inside & (left > 0) & (left - 1 + depth <= budget)
         can_close = top_has_leaf & ((depth > 1) | (left == 0)) & (left + depth - 1 <= budget)
         can_eos = ~inside & self.opened & (left == 0)
-        allowed = torch.zeros(depth.shape[0], v.size, dtype=torch.bool, device=depth.device)
+        return self._fill(can_open, can_leaf, can_close, can_eos, nxt)
+
+    def _fill(
+        self, can_open: Tensor, can_leaf: Tensor, can_close: Tensor, can_eos: Tensor, nxt: Tensor | None
+    ) -> Tensor:
+        """(R, V) bool from what each row may do: open any bracket, place its next leaf, close its innermost bracket
+        (with that bracket's label), end."""
+        v = self.vocab
+        allowed = torch.zeros(can_open.shape[0], v.size, dtype=torch.bool, device=can_open.device)
         allowed[:, v.open_ids] = can_open[:, None]
         nxt = self._next_leaf() if nxt is None else nxt
         forced = nxt >= 0
         allowed[:, v.leaf_ids] = (can_leaf & ~forced)[:, None]
         at = nxt.clamp(min=0)[:, None]  # (a row that is not forced writes its own value back)
         allowed.scatter_(1, at, allowed.gather(1, at) | (can_leaf & forced)[:, None])
+        top = (self.depth - 1).clamp(min=0)[:, None]
         closing = v.close_for_label[self.labels.gather(1, top).squeeze(1)]  # (R,): the one closing that fits
         allowed.scatter_(1, closing[:, None], can_close[:, None])
         allowed[:, v.eos_id] = can_eos
@@ -153,6 +168,13 @@ class TreeConstraint:
         # delinearise mends its output
         allowed[~allowed.any(dim=1)] = True
         return allowed
+
+    @staticmethod
+    def _grown(table: Tensor, depth: Tensor, deeper: Tensor) -> Tensor:
+        """A copy of a per-row stack (R, capacity) with room for one more level where a row gets ``deeper``."""
+        if bool((depth + deeper.long() >= table.shape[1]).any()):
+            return torch.cat([table, torch.zeros_like(table)], dim=1)
+        return table.clone()
 
     def _next_leaf(self) -> Tensor:
         """(R,) the leaf id the next word must take; -1: any leaf."""
@@ -178,22 +200,15 @@ class TreeConstraint:
 
     def reorder(self, index: Tensor) -> TreeConstraint:
         """The state of rows ``index`` (R',)."""
-        return self._new(**{
-            name: getattr(self, name).index_select(0, index)
-            for name in ("words", "leaf_seq", "depth", "leaves", "opened", "labels", "has_leaf")
-        })  # fmt: skip
+        return self._new(**{name: getattr(self, name).index_select(0, index) for name in self._STATE})
 
     def advance(self, tokens: Tensor) -> TreeConstraint:
         """The state after each row appends ``tokens`` (R,); EOS and other tokens leave a row as it is."""
         kind = self.vocab.kind[tokens.clamp(0, self.vocab.size - 1)]
         # (a closing at depth 0 only reaches here in a beam's dead rows, the -inf candidates that fill it up)
         is_open, is_close, is_leaf = kind.eq(OPEN), kind.eq(CLOSE) & self.depth.gt(0), kind.eq(LEAF)
-        labels, has_leaf = self.labels, self.has_leaf
-        if bool((self.depth + is_open.long() >= labels.shape[1]).any()):  # room for one more level
-            labels = torch.cat([labels, torch.zeros_like(labels)], dim=1)
-            has_leaf = torch.cat([has_leaf, torch.zeros_like(has_leaf)], dim=1)
-        else:
-            labels, has_leaf = labels.clone(), has_leaf.clone()
+        labels = self._grown(self.labels, self.depth, is_open)
+        has_leaf = self._grown(self.has_leaf, self.depth, is_open)
         depth = self.depth
         at = depth[:, None]  # an opening bracket's slot
         labels.scatter_(1, at, torch.where(is_open, self.vocab.label[tokens.clamp(0, self.vocab.size - 1)],
@@ -226,3 +241,57 @@ class TreeConstraint:
         for row, ids in enumerate(leaves):
             seq[row, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
         return cls(vocab, counts, seq.to(device))
+
+
+NONE = 0  # InOrderConstraint.top: nothing at the top level yet
+
+
+class InOrderConstraint(TreeConstraint):
+    """:class:`TreeConstraint` for the in-order linearisation (see the module docstring).
+
+    The state: ``depth``, ``leaves``, ``last`` (the role of the last token: OPEN, CLOSE, LEAF, or OTHER before the
+    first), ``top`` (what stands at the top level outside every bracket: NONE, LEAF or, once a bracket there has
+    closed, CLOSE) per row, and the stack of the open brackets' labels.
+    """
+
+    _STATE = ("words", "leaf_seq", "depth", "leaves", "last", "top", "labels")
+
+    def __init__(self, vocab: TreeVocabulary, words: Tensor, leaf_seq: Tensor | None = None) -> None:
+        super().__init__(vocab, words, leaf_seq)
+        del self.opened, self.has_leaf
+        self.last = torch.full_like(self.depth, OTHER)
+        self.top = torch.full_like(self.depth, NONE)
+
+    @staticmethod
+    def _to_finish(left: Tensor, depth: Tensor, top: Tensor) -> Tensor:
+        """The fewest tokens that complete a tree from a state: the remaining leaves inside the innermost bracket and
+        a closing per open bracket; at the top level an opening and a closing around the remaining leaves, unless a
+        bracket already spans every word."""
+        done = (depth == 0) & (top == CLOSE) & (left == 0)
+        return torch.where(depth > 0, left + depth, torch.where(done, 0, left + 2))
+
+    def allowed(self, step: int, max_len: Tensor, nxt: Tensor | None = None) -> Tensor:
+        depth, left, top = self.depth, self.words - self.leaves, self.top
+        budget = max_len - step - 1
+        inside = depth > 0
+        after_item = (self.last == LEAF) | (self.last == CLOSE)
+        leaf_top = torch.where(inside, top, torch.full_like(top, LEAF))
+        can_leaf = (left > 0) & (inside | (top == NONE)) & (self._to_finish(left - 1, depth, leaf_top) <= budget)
+        can_open = after_item & (self._to_finish(left, depth + 1, top) <= budget)
+        close_top = torch.where(depth == 1, torch.full_like(top, CLOSE), top)
+        can_close = inside & (self._to_finish(left, depth - 1, close_top) <= budget)
+        can_eos = ~inside & (top == CLOSE) & (left == 0)
+        return self._fill(can_open, can_leaf, can_close, can_eos, nxt)
+
+    def advance(self, tokens: Tensor) -> InOrderConstraint:
+        kind = self.vocab.kind[tokens.clamp(0, self.vocab.size - 1)]
+        is_open, is_close, is_leaf = kind.eq(OPEN), kind.eq(CLOSE) & self.depth.gt(0), kind.eq(LEAF)
+        labels, depth = self._grown(self.labels, self.depth, is_open), self.depth
+        at = depth[:, None]
+        labels.scatter_(1, at, torch.where(is_open, self.vocab.label[tokens.clamp(0, self.vocab.size - 1)],
+                                          labels.gather(1, at).squeeze(1))[:, None])  # fmt: skip
+        new_depth = depth + is_open.long() - is_close.long()
+        top = torch.where(is_leaf & (depth == 0), LEAF, self.top)
+        top = torch.where(is_close & (new_depth == 0), CLOSE, top)
+        last = torch.where(is_open | is_close | is_leaf, kind, self.last)
+        return self._new(depth=new_depth, leaves=self.leaves + is_leaf.long(), last=last, top=top, labels=labels)

@@ -6,6 +6,13 @@ for each word (``leaves="xx"``) or the word itself (``leaves="word"``); a closin
 
     (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))  ->  (S (NP XX XX )NP (VP XX )VP XX )S
 
+That is the top-down order (``order="top-down"``): a constituent's label comes before its words. The in-order
+alternative (``order="in-order"``, after Liu and Zhang's in-order transition system, 2017) writes a constituent's
+first child first, then its opening bracket, then the other children and the closing bracket, so that the decoder
+names a constituent once it has read its first word and attaches what follows afterwards::
+
+    (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))  ->  XX (NP XX )NP (S XX (VP )VP XX )S
+
 :func:`delinearise` maps any token sequence back to a tree over the given words, **always well-formed**: every word
 appears exactly once and in order, each under a pre-terminal labelled ``XX``; brackets are balanced. What it had to
 mend is reported in a :class:`Repair`.
@@ -21,10 +28,16 @@ from transduce.parsing.trees import ROOT_LABEL, Tree
 PLACEHOLDER = "XX"  # the leaf token, and the part-of-speech label of the words of a delinearised tree
 LEAVES = ("xx", "word")
 CLOSINGS = ("labelled", "bare")
+ORDERS = ("top-down", "in-order")
 
 
 def linearise(
-    tree: Tree, *, leaves: str = "xx", closing: str = "labelled", known: Container[str] | None = None
+    tree: Tree,
+    *,
+    leaves: str = "xx",
+    closing: str = "labelled",
+    known: Container[str] | None = None,
+    order: str = "top-down",
 ) -> list[str]:
     """The decoder's tokens for ``tree`` (see the module docstring).
 
@@ -36,7 +49,10 @@ def linearise(
         known: with ``leaves="word"``, the words that are written as themselves; any other word is ``XX`` (the
             rare words of the training trees, so that the model learns what to write for a word it never saw).
             ``None``: every word.
+        order: ``"top-down"``: a bracket opens before its first child; ``"in-order"``: after it.
     """
+    if order not in ORDERS:
+        raise ValueError(f"order: {order!r} is not one of {', '.join(ORDERS)}")
     if leaves not in LEAVES:
         raise ValueError(f"leaves: {leaves!r} is not one of {', '.join(LEAVES)}")
     if closing not in CLOSINGS:
@@ -50,8 +66,11 @@ def linearise(
             as_word = leaves == "word" and not word.startswith(("(", ")")) and (known is None or word in known)
             out.append(word if as_word else PLACEHOLDER)
             return
+        first, *rest = node.children
+        if order == "in-order":
+            walk(first)
         out.append("(" + node.label)
-        for child in node.children:
+        for child in rest if order == "in-order" else node.children:
             walk(child)
         out.append(")" + node.label if closing == "labelled" else ")")
 
@@ -70,6 +89,7 @@ class Repair:
     unclosed: int = 0  # brackets still open at the end, closed there
     empty_constituents: int = 0  # brackets closed without a word inside, dropped
     malformed_tokens: int = 0  # "(" without a label, or a special token, dropped
+    empty_openings: int = 0  # in-order: an opening bracket with no constituent before it to take as its first child
     wrapped_root: bool = False  # the output was not one constituent: put under a TOP root
     notes: list[str] = field(default_factory=list)
 
@@ -78,11 +98,12 @@ class Repair:
         """True when anything was mended."""
         return bool(
             self.extra_leaves or self.missing_leaves or self.unmatched_closings or self.mismatched_closings
-            or self.unclosed or self.empty_constituents or self.malformed_tokens or self.wrapped_root
+            or self.unclosed or self.empty_constituents or self.malformed_tokens or self.empty_openings
+            or self.wrapped_root
         )  # fmt: skip
 
 
-def delinearise(tokens: list[str] | str, words: list[str]) -> tuple[Tree, Repair]:
+def delinearise(tokens: list[str] | str, words: list[str], order: str = "top-down") -> tuple[Tree, Repair]:
     """A well-formed tree over ``words`` from decoder tokens, whatever they are.
 
     Leaves are matched to words one to one, in order: a leaf token (``XX`` or any token that is not a bracket) takes
@@ -90,15 +111,20 @@ def delinearise(tokens: list[str] | str, words: list[str]) -> tuple[Tree, Repair
     innermost bracket still open at the end, or of the output's one tree when it closed everything. Closing brackets
     close the innermost open bracket, whatever label they carry; one with nothing open is dropped; brackets still
     open at the end are closed. Constituents without words are dropped. When the result is not a single constituent
-    over all the words it goes under a ``TOP`` root (which EVALB does not count).
+    over all the words it goes under a ``TOP`` root (which EVALB does not count). In the in-order order an opening
+    bracket takes the constituent or leaf just before it (the last one in the innermost open bracket) as its first
+    child; one with nothing there opens empty.
 
     Args:
         tokens: the decoder's tokens, or the same as one space-separated string.
         words: the sentence.
+        order: the linearisation's order (:func:`linearise`).
 
     Returns:
         The tree (pre-terminals labelled ``XX``) and the :class:`Repair` made.
     """
+    if order not in ORDERS:
+        raise ValueError(f"order: {order!r} is not one of {', '.join(ORDERS)}")
     if isinstance(tokens, str):
         tokens = tokens.split()
     repair = Repair()
@@ -112,6 +138,11 @@ def delinearise(tokens: list[str] | str, words: list[str]) -> tuple[Tree, Repair
                 repair.malformed_tokens += 1
                 continue
             node = Tree(label, [])
+            if order == "in-order":
+                if stack[-1].children:
+                    node.children.append(stack[-1].children.pop())
+                else:
+                    repair.empty_openings += 1
             stack[-1].children.append(node)
             stack.append(node)
         elif token.startswith(")"):

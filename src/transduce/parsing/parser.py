@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from transduce.config import DecodeConfig
-from transduce.parsing.constrained import TreeConstraint, TreeVocabulary
+from transduce.parsing.constrained import InOrderConstraint, TreeConstraint, TreeVocabulary
 from transduce.parsing.linearize import Repair, delinearise
 from transduce.parsing.trees import Tree
 from transduce.translate import Translator
@@ -59,6 +59,7 @@ class Parser:
         if not any(p.lstrip("▁").startswith("(") for p in self.pieces):
             log.warning("the model's target vocabulary has no opening brackets: was it trained with data.task: parse?")
         self._vocab: TreeVocabulary | None = None
+        self.order = getattr(translator.tokenizer, "tree_order", "top-down")  # data.tree_order of its training
 
     @property
     def vocab(self) -> TreeVocabulary:
@@ -103,17 +104,19 @@ class Parser:
         if constrained:
             vocab, device = self.vocab, self.translator.device
 
+            constraint = InOrderConstraint if self.order == "in-order" else TreeConstraint
+
             def rule(batch: list[int]) -> TreeConstraint:
                 leaves = [vocab.leaves_for(sentences[i]) for i in batch]
-                return TreeConstraint.for_rows(vocab, [len(sentences[i]) for i in batch], device, leaves)
+                return constraint.for_rows(vocab, [len(sentences[i]) for i in batch], device, leaves)
 
         if not well_formed or cfg.sampling:
             outputs = self.translator.translate(texts, decode=cfg, constraint=rule)
-            return [_result(list(words), out) for words, out in zip(sentences, outputs)]
+            return [_result(list(words), out, self.order) for words, out in zip(sentences, outputs)]
         nbest = self.translator.translate_nbest(texts, nbest=cfg.beam, decode=cfg, constraint=rule)
         results = []
         for words, hyps in zip(sentences, nbest):
-            candidates = [_result(list(words), h.text) for h in hyps]
+            candidates = [_result(list(words), h.text, self.order) for h in hyps]
             results.append(next((r for r in candidates if not r.repair.needed), candidates[0]))
         return results
 
@@ -122,6 +125,6 @@ class Parser:
         return self.parse([line.split() for line in lines], decode)
 
 
-def _result(words: list[str], output: str) -> ParseResult:
-    tree, repair = delinearise(output.split(), words)
+def _result(words: list[str], output: str, order: str = "top-down") -> ParseResult:
+    tree, repair = delinearise(output.split(), words, order)
     return ParseResult(tree, repair, output)

@@ -70,8 +70,8 @@ def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
     for name, spec in splits.items():
         trees = trees_of[name]
         src = [" ".join(tree.words()) for tree in trees]
-        tgt = [" ".join(linearise(tree, leaves=cfg.tree_leaves, closing=cfg.tree_closing, known=known))
-               for tree in trees]  # fmt: skip
+        tgt = [" ".join(linearise(tree, leaves=cfg.tree_leaves, closing=cfg.tree_closing, known=known,
+                                  order=cfg.tree_order)) for tree in trees]  # fmt: skip
         prefix = directory / name
         for lang, lines in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
             Path(f"{prefix}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -124,6 +124,8 @@ def train_vocabulary(
         "files": {"src": SRC_MODEL, "tgt": TGT_MODEL},
         "special_ids": dict(SPECIAL_IDS),
     }
+    if cfg.tree_order != "top-down":  # how to read the target back (and no ensemble with a top-down model)
+        meta["tree_order"] = cfg.tree_order
     tok = Tokenizer.load_files(directory, meta)
     meta.update(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
     (directory / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
