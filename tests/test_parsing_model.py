@@ -85,6 +85,14 @@ def toy_run_in_order(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return run_dir, test_mrg
 
 
+def test_an_ensemble_refuses_members_of_different_tree_orders(toy_run, toy_run_in_order):
+    from transduce.translate import Translator
+
+    with pytest.raises(ConfigError, match=r"^ensemble: .*run writes its trees in-order, .*run top-down: the members "
+                       r"of an ensemble must share one linearisation \(data.tree_order\)$"):  # fmt: skip
+        Translator.load([toy_run[0], toy_run_in_order[0]])
+
+
 def test_prepared_treebank_keeps_its_text_and_a_closed_target_vocabulary(toy_run):
     run_dir, _ = toy_run
     manifest = json.loads((run_dir / "data" / "manifest.json").read_text(encoding="utf-8"))

@@ -125,6 +125,12 @@ def check_same_vocabulary(tokenizers: Sequence[Any], names: Sequence[str]) -> No
 
     first = tokenizers[0]
     for tok, name in zip(tokenizers[1:], names[1:]):
+        order, first_order = getattr(tok, "tree_order", "top-down"), getattr(first, "tree_order", "top-down")
+        if order != first_order:  # parsing models: the same tokens in another order mean another tree
+            raise ConfigError(
+                f"ensemble: {name} writes its trees {order}, {names[0]} {first_order}: the members of an ensemble "
+                "must share one linearisation (data.tree_order)"
+            )
         for side in ("src", "tgt"):
             size = getattr(first, f"{side}_vocab_size")
             if getattr(tok, f"{side}_vocab_size") != size or pieces(tok, side, size) != pieces(first, side, size):
