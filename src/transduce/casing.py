@@ -25,6 +25,7 @@ import collections
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -34,7 +35,7 @@ from transduce.errors import DataError
 Style = Literal["upper", "title"]
 INPUT_CASES = ("keep", "normalize", "truecase")  # DecodeConfig.input_case
 TRUECASE_FILE = "truecase.json"  # the source side's truecasing table, beside the vocabulary
-_WORD = re.compile(r"[^\W\d_]+")  # a run of letters: what the truecaser recases
+_WORD = re.compile(r"[^\W\d_](?:[^\W\d_]|[\u0300-\u036f])*")  # letters (and combining accents): what is recased
 
 
 def augmented(line: int, share: float) -> bool:
@@ -80,26 +81,27 @@ def title(text: str) -> str:
 class Truecaser:
     """The most frequent form of each word of a corpus, for recasing text that lost its case.
 
-    A word is a run of letters; its occurrences as the first word of a line are not counted (they are capitalised
-    whatever the word). Only the words whose most frequent form is not all lowercase are stored (ties go to the
-    lowercase form). Recasing gives every word of a lowercased line that form and capitalises the line's first word.
+    A word is a run of letters (text in NFC); its occurrences as the first word of a line are not counted (they are
+    capitalised whatever the word). Words are told apart by their case-folded form, so that "STRASSE" finds
+    "Straße". Only the words whose most frequent form is not all lowercase are stored (ties go to the lowercase
+    form). Recasing gives every word of a lowercased line that form and capitalises the line's first word.
     """
 
     def __init__(self, forms: dict[str, str]) -> None:
-        self.forms = forms  # lowercase word -> its most frequent form, where that is not the lowercase one
+        self.forms = forms  # case-folded word -> its most frequent form, where that is not all lowercase
 
     @classmethod
     def train(cls, lines: Iterable[str]) -> Truecaser:
         counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         for line in lines:
-            for match in list(_WORD.finditer(line))[1:]:
+            for match in list(_WORD.finditer(unicodedata.normalize("NFC", line)))[1:]:
                 word = match.group()
-                counts[word.lower()][word] += 1
+                counts[word.casefold()][word] += 1
         forms = {}
-        for low, seen in counts.items():
-            best = max(seen.items(), key=lambda form: (form[1], form[0] == low, form[0]))[0]
-            if best != low:
-                forms[low] = best
+        for key, seen in counts.items():
+            best = max(seen.items(), key=lambda form: (form[1], form[0] == form[0].lower(), form[0]))[0]
+            if best != best.lower():
+                forms[key] = best
         return cls(dict(sorted(forms.items())))
 
     def __call__(self, text: str) -> str:
@@ -108,13 +110,13 @@ class Truecaser:
 
         def recase(match: re.Match[str]) -> str:
             nonlocal first
-            low = match.group().lower()
-            word = self.forms.get(low, low)
+            low = match.group()
+            word = self.forms.get(low.casefold(), low)
             if first:
                 word, first = word[:1].upper() + word[1:], False
             return word
 
-        return _WORD.sub(recase, text.lower())
+        return _WORD.sub(recase, unicodedata.normalize("NFC", text).lower())
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TRUECASE_FILE

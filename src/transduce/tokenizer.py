@@ -288,7 +288,9 @@ class Tokenizer(Vocabulary):
         src, tgt = self.model_protos()
         src_proc = spm.SentencePieceProcessor(model_proto=append_pieces(src, src_new))
         tgt_proc = None if self.joint else spm.SentencePieceProcessor(model_proto=append_pieces(tgt, tgt_new))
-        return Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase, truecaser=self.truecaser).save(directory)
+        out = Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase, truecaser=self.truecaser)
+        out.tree_order = self.tree_order
+        return out.save(directory)
 
     def normalise(self, text: str) -> str:
         """The text normalisation applied before SentencePiece's own (NFKC, whitespace): lowercasing if set."""
