@@ -86,6 +86,9 @@ def test_truecaser_matches_words_by_their_case_folded_composed_form():
     truecaser = casing.Truecaser.train(["Er wohnt in der Straße am Fluss.", "Wir fahren nach İstanbul.",
                                         "Sie hat A\u0308rger mit ihm.", "Kein ärger, kein Ärger."])  # fmt: skip
     assert casing.normalize("DIE STRASSE AM FLUSS", truecaser) == ("Die Straße am Fluss", "upper")  # ß in caps: SS
+    assert casing.normalize(
+        "EINE GROSSE STRASSE", casing.Truecaser.train(["Eine große Straße, eine große Stadt."])
+    ) == ("Eine große Straße", "upper")  # a lowercase word with ß is stored too: its case fold is not itself
     assert casing.normalize("DIE STRAẞE", truecaser) == ("Die Straße", "upper")
     assert casing.normalize("WIR FAHREN NACH İSTANBUL.", truecaser) == ("Wir fahren nach İstanbul.", "upper")
     assert truecaser.forms["ärger"] == "Ärger"  # decomposed "A" + combining diaeresis counts as "Ä"

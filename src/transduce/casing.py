@@ -83,12 +83,13 @@ class Truecaser:
 
     A word is a run of letters (text in NFC); its occurrences as the first word of a line are not counted (they are
     capitalised whatever the word). Words are told apart by their case-folded form, so that "STRASSE" finds
-    "Straße". Only the words whose most frequent form is not all lowercase are stored (ties go to the lowercase
-    form). Recasing gives every word of a lowercased line that form and capitalises the line's first word.
+    "Straße" and "WEISSEN" "weißen". Only the words whose most frequent form is not their case fold are stored (ties
+    go to the lowercase form). Recasing gives every word of a lowercased line that form and capitalises the line's
+    first word.
     """
 
     def __init__(self, forms: dict[str, str]) -> None:
-        self.forms = forms  # case-folded word -> its most frequent form, where that is not all lowercase
+        self.forms = forms  # case-folded word -> its most frequent form, where that is not the case fold
 
     @classmethod
     def train(cls, lines: Iterable[str]) -> Truecaser:
@@ -100,7 +101,7 @@ class Truecaser:
         forms = {}
         for key, seen in counts.items():
             best = max(seen.items(), key=lambda form: (form[1], form[0] == form[0].lower(), form[0]))[0]
-            if best != best.lower():
+            if best != key:  # capitalised, or not its own case fold: "weißen", whose ALL CAPS is WEISSEN
                 forms[key] = best
         return cls(dict(sorted(forms.items())))
 
