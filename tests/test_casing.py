@@ -273,6 +273,8 @@ def test_the_multi30k_configs_are_cased_and_train_in_auto_precision():
         assert raw["data"].get("lowercase", False) is False, pair
         assert raw["train"].get("precision", "auto") == "auto", pair
         assert Config.load(ROOT / "configs" / f"multi30k_{pair}.yaml").train.precision == "auto"
+        # German sources are recased, English ones lowercased (docs/multi30k.md measured both on German)
+        assert raw["decode"]["input_case"] == ("truecase" if pair == "de_en" else "normalize"), pair
 
 
 # ----------------------------------------------------------------------------------------------------------------------
