@@ -131,13 +131,14 @@ class Tokenizer(Vocabulary):
         *,
         lowercase: bool,
         truecaser: Truecaser | None = None,
+        tree_order: str = "top-down",
     ) -> None:
         self._src = src
         self._tgt = tgt if tgt is not None else src
         self.joint = tgt is None or tgt is src
         self.lowercase = lowercase
         self.truecaser = truecaser  # the source side's (transduce.casing; decode.input_case=truecase)
-        self.tree_order = "top-down"  # a parsing model's linearisation (transduce.parsing.linearize)
+        self.tree_order = tree_order  # a parsing model's linearisation (transduce.parsing.linearize)
         for side, proc in (("source", self._src), ("target", self._tgt)):
             _check_special_ids(proc, side)
 
@@ -235,9 +236,8 @@ class Tokenizer(Vocabulary):
         """Load from ``directory`` the model files named in ``meta`` (the content of ``tokenizer.json``)."""
         src = _load_model(directory / meta["files"]["src"])
         tgt = None if meta["joint"] else _load_model(directory / meta["files"]["tgt"])
-        tok = cls(src, tgt, lowercase=bool(meta["lowercase"]), truecaser=Truecaser.load(directory))
-        tok.tree_order = meta.get("tree_order", "top-down")
-        return tok
+        return cls(src, tgt, lowercase=bool(meta["lowercase"]), truecaser=Truecaser.load(directory),
+                   tree_order=meta.get("tree_order", "top-down"))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------------------------
     # use
@@ -288,9 +288,8 @@ class Tokenizer(Vocabulary):
         src, tgt = self.model_protos()
         src_proc = spm.SentencePieceProcessor(model_proto=append_pieces(src, src_new))
         tgt_proc = None if self.joint else spm.SentencePieceProcessor(model_proto=append_pieces(tgt, tgt_new))
-        out = Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase, truecaser=self.truecaser)
-        out.tree_order = self.tree_order
-        return out.save(directory)
+        return Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase, truecaser=self.truecaser,
+                         tree_order=self.tree_order).save(directory)  # fmt: skip
 
     def normalise(self, text: str) -> str:
         """The text normalisation applied before SentencePiece's own (NFKC, whitespace): lowercasing if set."""

@@ -238,7 +238,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
     rng = random.Random(SAMPLE_SEED)
     wanted = iter(sorted(rng.sample(range(lines), k)) if lines > k else range(lines))
     sample: list[tuple[str, str]] = []
-    originals: list[tuple[str, str]] = []  # the sample without the case-augmented copies
+    sources: list[str] = []  # the sampled source sentences, without the case-augmented copies (for the truecaser)
     next_line = next(wanted, None)
     for lineno, s_raw, t_raw in corpus.pairs():
         if lineno - 1 != next_line:
@@ -250,7 +250,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
             continue  # skip_invalid_utf8 (else _check has failed)
         if s.strip() and t.strip():
             sample.append((s, t))
-            originals.append((s, t))
+            sources.append(s)
             if augmented(lineno - 1, cfg.case_augment):  # the vocabulary also sees the augmented copies
                 sample.append(augment_pair(s, t))
         if next_line is None:
@@ -276,7 +276,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
     else:
         tokenizer = Tokenizer.train(tmp, (s for s, _ in sample), (t for _, t in sample), **options)
     if not cfg.lowercase:  # for decode.input_case=truecase; the augmented copies' lowercased sources not counted
-        tokenizer.truecaser = Truecaser.train(s for s, _ in originals)
+        tokenizer.truecaser = Truecaser.train(sources)
         tokenizer.truecaser.save(tmp)
         log.info("truecasing table: %d source words whose usual form is not lowercase", len(tokenizer.truecaser.forms))
     return tokenizer

@@ -121,9 +121,13 @@ class TreeConstraint:
         self.leaf_seq = leaf_seq
         self.depth = torch.zeros(rows, dtype=torch.long, device=device)
         self.leaves = torch.zeros(rows, dtype=torch.long, device=device)
-        self.opened = torch.zeros(rows, dtype=torch.bool, device=device)
         self.labels = torch.zeros(rows, 8, dtype=torch.long, device=device)
-        self.has_leaf = torch.zeros(rows, 8, dtype=torch.bool, device=device)
+        self._start()
+
+    def _start(self) -> None:
+        """The initial state beyond depth, leaves and labels."""
+        self.opened = torch.zeros_like(self.depth, dtype=torch.bool)
+        self.has_leaf = torch.zeros_like(self.labels, dtype=torch.bool)
 
     def _new(self, **state: Tensor) -> TreeConstraint:
         out = type(self).__new__(type(self))
@@ -169,6 +173,13 @@ class TreeConstraint:
         allowed[~allowed.any(dim=1)] = True
         return allowed
 
+    def _pushed_labels(self, tokens: Tensor, is_open: Tensor) -> Tensor:
+        """The label stack after ``tokens``: an opening bracket's label in the slot above the row's depth."""
+        labels, at = self._grown(self.labels, self.depth, is_open), self.depth[:, None]
+        opened = self.vocab.label[tokens.clamp(0, self.vocab.size - 1)]
+        labels.scatter_(1, at, torch.where(is_open, opened, labels.gather(1, at).squeeze(1))[:, None])
+        return labels
+
     @staticmethod
     def _grown(table: Tensor, depth: Tensor, deeper: Tensor) -> Tensor:
         """A copy of a per-row stack (R, capacity) with room for one more level where a row gets ``deeper``."""
@@ -207,12 +218,10 @@ class TreeConstraint:
         kind = self.vocab.kind[tokens.clamp(0, self.vocab.size - 1)]
         # (a closing at depth 0 only reaches here in a beam's dead rows, the -inf candidates that fill it up)
         is_open, is_close, is_leaf = kind.eq(OPEN), kind.eq(CLOSE) & self.depth.gt(0), kind.eq(LEAF)
-        labels = self._grown(self.labels, self.depth, is_open)
+        labels = self._pushed_labels(tokens, is_open)
         has_leaf = self._grown(self.has_leaf, self.depth, is_open)
         depth = self.depth
         at = depth[:, None]  # an opening bracket's slot
-        labels.scatter_(1, at, torch.where(is_open, self.vocab.label[tokens.clamp(0, self.vocab.size - 1)],
-                                          labels.gather(1, at).squeeze(1))[:, None])  # fmt: skip
         has_leaf.scatter_(1, at, (has_leaf.gather(1, at).squeeze(1) & ~is_open)[:, None])
         # a leaf marks the innermost open bracket; a closed bracket (it held a leaf) marks its parent
         new_depth = depth + is_open.long() - is_close.long()
@@ -256,9 +265,7 @@ class InOrderConstraint(TreeConstraint):
 
     _STATE = ("words", "leaf_seq", "depth", "leaves", "last", "top", "labels")
 
-    def __init__(self, vocab: TreeVocabulary, words: Tensor, leaf_seq: Tensor | None = None) -> None:
-        super().__init__(vocab, words, leaf_seq)
-        del self.opened, self.has_leaf
+    def _start(self) -> None:
         self.last = torch.full_like(self.depth, OTHER)
         self.top = torch.full_like(self.depth, NONE)
 
@@ -286,10 +293,7 @@ class InOrderConstraint(TreeConstraint):
     def advance(self, tokens: Tensor) -> InOrderConstraint:
         kind = self.vocab.kind[tokens.clamp(0, self.vocab.size - 1)]
         is_open, is_close, is_leaf = kind.eq(OPEN), kind.eq(CLOSE) & self.depth.gt(0), kind.eq(LEAF)
-        labels, depth = self._grown(self.labels, self.depth, is_open), self.depth
-        at = depth[:, None]
-        labels.scatter_(1, at, torch.where(is_open, self.vocab.label[tokens.clamp(0, self.vocab.size - 1)],
-                                          labels.gather(1, at).squeeze(1))[:, None])  # fmt: skip
+        labels, depth = self._pushed_labels(tokens, is_open), self.depth
         new_depth = depth + is_open.long() - is_close.long()
         top = torch.where(is_leaf & (depth == 0), LEAF, self.top)
         top = torch.where(is_close & (new_depth == 0), CLOSE, top)

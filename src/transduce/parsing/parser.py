@@ -103,7 +103,6 @@ class Parser:
         rule = None
         if constrained:
             vocab, device = self.vocab, self.translator.device
-
             constraint = InOrderConstraint if self.order == "in-order" else TreeConstraint
 
             def rule(batch: list[int]) -> TreeConstraint:
