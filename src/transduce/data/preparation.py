@@ -27,7 +27,6 @@ interrupted run leaves no partial output. The prepared directory holds:
 from __future__ import annotations
 
 import collections
-import importlib.metadata
 import logging
 import multiprocessing
 import os
@@ -41,6 +40,7 @@ from typing import Any
 
 import sentencepiece
 
+import transduce
 from transduce.casing import Truecaser, augment_pair, augmented
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE, MIX_SPLIT, SplitWriter, ids_dtype, split_files
@@ -198,7 +198,7 @@ def _prepare_into(
         "format": FORMAT,
         "version": VERSION,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "transduce_version": importlib.metadata.version("transduce"),
+        "transduce_version": transduce.__version__,
         "sentencepiece_version": sentencepiece.__version__,
         "options": options,
         "inputs": inputs,
