@@ -250,3 +250,70 @@ def test_word_leaves_with_a_minimum_count_write_rare_words_as_xx(tmp_path):
     assert "XX" not in first  # the toy lexicon's words are all frequent
     with pytest.raises(ConfigError, match="tree_min_count"):
         cfg.replace(tree_min_count=0)
+
+
+def test_swapped_copies_keep_structure_and_tags_and_swap_only_open_class_words():
+    """data.tree_swap: a swapped word is a training word of its own tag; determiners, prepositions and punctuation
+    stay; share 0 copies the trees, share 1 draws every open-class word anew."""
+    from transduce.parsing.prepare import SWAP_TAGS, swap_words
+    from transduce.parsing.trees import parse_trees
+
+    rng = random.Random(1)
+    trees = list(parse_trees("\n".join(toy_tree(rng).strip()[2:-2] for _ in range(200))))
+    lexicon: dict[str, set[str]] = {}
+    for tree in trees:
+        for word, tag in zip(tree.words(), tree.tags(), strict=True):
+            lexicon.setdefault(tag, set()).add(word)
+    copies = swap_words(trees, 2, 0.5)
+    assert len(copies) == 400
+    assert swap_words(trees, 2, 0.5) == copies  # deterministic
+    swapped = kept = 0
+    for i, copy in enumerate(copies):
+        tree = trees[i % len(trees)]  # copy 1 of every tree, then copy 2
+        assert copy.tags() == tree.tags()
+        assert _shape(copy) == _shape(tree)
+        for old, new, tag in zip(tree.words(), copy.words(), tree.tags(), strict=True):
+            assert new in lexicon[tag]
+            if tag not in SWAP_TAGS:
+                assert new == old
+            elif new != old:
+                swapped += 1
+            else:
+                kept += 1
+    assert 0.3 < swapped / (swapped + kept) < 0.55  # share 0.5, and a draw may give the word back
+    assert swap_words(trees, 1, 0.0) == trees
+    changed = [
+        a != b
+        for copy, tree in zip(swap_words(trees, 1, 1.0), trees, strict=True)
+        for a, b, tag in zip(copy.words(), tree.words(), tree.tags(), strict=True)
+        if tag in SWAP_TAGS
+    ]
+    assert sum(changed) / len(changed) > 0.6  # every word drawn again (2-4 words a tag: the same one at times)
+    assert trees[0].to_string().startswith("(S (NP")  # the originals are not changed
+
+
+def _shape(tree: Tree) -> str:
+    """The bracketing without the words."""
+    return " ".join(f"({child.label} {_shape(child)})" if isinstance(child, Tree) else "w" for child in tree.children)
+
+
+def test_prepare_adds_the_swapped_copies_to_the_training_split_only(tmp_path):
+    from transduce.parsing.prepare import treebank_text
+
+    train, test = write_toy_treebank(tmp_path / "treebank")
+    cfg = toy_parse_config(train, test, tmp_path / "run").data.replace(tree_swap_copies=2, tree_swap=1.0)
+    out = treebank_text(cfg, tmp_path / "text")
+    words = Path(f"{out.train}.words").read_text(encoding="utf-8").splitlines()
+    trees = Path(f"{out.train}.tree").read_text(encoding="utf-8").splitlines()
+    assert len(words) == len(trees) == 3000  # the 1,000 trees, then two swapped copies of each
+    original = treebank_text(cfg.replace(tree_swap_copies=0), tmp_path / "plain")
+    assert Path(f"{original.train}.words").read_text(encoding="utf-8").splitlines() == words[:1000]
+    assert words[1000] != words[0] and len(words[1000].split()) == len(words[0].split())
+    for line, tree in zip(words, trees, strict=True):  # each copy's target has its own words as leaves
+        assert [t for t in tree.split() if t[0] not in "()"] == line.split()
+    valid = Path(f"{out.valid}.words").read_text(encoding="utf-8")
+    assert valid == Path(f"{original.valid}.words").read_text(encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"tree_swap: must be in \[0, 1\], got 1.5"):
+        cfg.replace(tree_swap=1.5)
+    with pytest.raises(ConfigError, match="tree_swap_copies"):
+        cfg.replace(tree_swap_copies=-1)

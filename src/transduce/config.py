@@ -304,6 +304,11 @@ class DataConfig(_Section):
     tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
     tree_order: str = "top-down"  # parse: a bracket opens before its first child (top-down) or after it (in-order)
     tree_min_count: int = 1  # parse, word leaves: a word seen fewer times in the training trees is the leaf XX
+    # parse: add this many copies of every training tree in which each open-class word (noun, verb, adjective,
+    # adverb, number) is, with probability tree_swap, another training word of the same part-of-speech tag, drawn
+    # by frequency: the same structures over other words (transduce.parsing.prepare.swap_words)
+    tree_swap_copies: int = 0
+    tree_swap: float = 0.5
     mix: str = ""  # path prefix of a second (general-domain) raw pair mixed into every training batch
     mix_share: float = 0.0  # share of every training batch's sentences drawn from data.mix (e.g. 0.2)
 
@@ -322,6 +327,9 @@ class DataConfig(_Section):
         _check_choice("tree_closing", self.tree_closing, ("labelled", "bare"))
         _check_choice("tree_order", self.tree_order, ("top-down", "in-order"))
         _check_positive("tree_min_count", self.tree_min_count)
+        _check_positive("tree_swap_copies", self.tree_swap_copies, allow_zero=True)
+        if not 0.0 <= self.tree_swap <= 1.0:
+            raise ConfigError(f"tree_swap: must be in [0, 1], got {self.tree_swap!r}")
         if self.task == "parse" and self.joint_vocab:
             raise ConfigError("joint_vocab: parsing has a subword source and a closed target vocabulary; set "
                               "joint_vocab: false")  # fmt: skip

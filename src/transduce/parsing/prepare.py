@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import shutil
 import tempfile
@@ -26,13 +27,45 @@ from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE
 from transduce.data.output import write_json
 from transduce.parsing.linearize import linearise
-from transduce.parsing.trees import read_treebank, split_spec
+from transduce.parsing.trees import Tree, read_treebank, split_spec
 from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 from transduce.tokenizer import SRC_MODEL, TGT_MODEL, TOKENIZER_FILE, Tokenizer, _train_one
 
 log = logging.getLogger(__name__)
 
 TEXT_DIR = "text"  # the sub-directory of a prepared directory that keeps the text made from the treebanks
+# the part-of-speech tags whose words data.tree_swap replaces: nouns, verbs, adjectives, adverbs, numbers (open
+# classes; a determiner, preposition or conjunction decides the structure around it and is kept)
+SWAP_TAGS = frozenset(
+    ["NN", "NNS", "NNP", "NNPS", "VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "JJ", "JJR", "JJS", "RB", "RBR", "RBS", "CD"]
+)  # fmt: skip
+SWAP_SEED = 12345  # the swapped copies are a deterministic function of the treebank and the options
+
+
+def swap_words(trees: list[Tree], copies: int, share: float, seed: int = SWAP_SEED) -> list[Tree]:
+    """``copies`` copies of each tree in which each word tagged with one of :data:`SWAP_TAGS` is, with probability
+    ``share``, replaced by a word drawn from the words that ``trees`` tag so, by frequency (a word seen n times with
+    the tag is drawn n times as often). The structure and the tags stay; only words change.
+
+    Returns:
+        The new trees: copy 1 of every tree, then copy 2, and so on (``trees`` are not changed).
+    """
+    lexicon: dict[str, list[str]] = {}
+    for tree in trees:
+        for word, tag in zip(tree.words(), tree.tags(), strict=True):
+            if tag in SWAP_TAGS:
+                lexicon.setdefault(tag, []).append(word)
+    rng = random.Random(seed)
+
+    def swapped(node: Tree) -> Tree:
+        if node.is_preterminal():
+            words = lexicon.get(node.label)
+            if words and rng.random() < share:
+                return Tree(node.label, [rng.choice(words)])
+            return Tree(node.label, list(node.children))
+        return Tree(node.label, [swapped(child) for child in node.children])  # type: ignore[arg-type]
+
+    return [swapped(tree) for _ in range(copies) for tree in trees]
 
 
 def split_name(spec: str) -> str:
@@ -67,6 +100,11 @@ def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
         known = {word for word, n in counts.items() if n >= cfg.tree_min_count}
         log.info("word leaves: %d of %d training words seen at least %d times; the others are XX",
                  len(known), len(counts), cfg.tree_min_count)  # fmt: skip
+    if cfg.tree_swap_copies:
+        added = swap_words(trees_of["train"], cfg.tree_swap_copies, cfg.tree_swap)
+        log.info("train: %d trees added with words swapped (%d copies, share %.2f)", len(added),
+                 cfg.tree_swap_copies, cfg.tree_swap)  # fmt: skip
+        trees_of["train"] = trees_of["train"] + added
     for name, spec in splits.items():
         trees = trees_of[name]
         src = [" ".join(tree.words()) for tree in trees]
