@@ -292,6 +292,10 @@ class DataConfig(_Section):
     # model translates input without case information; with decode.input_case=normalize it handles ALL-CAPS and
     # Title-Case input (transduce.casing)
     case_augment: float = 0.0
+    # BPE-dropout (Provilkov et al., 2020): every epoch the training pairs are segmented anew, each BPE merge skipped
+    # with this probability (SentencePiece's sampling, finer than the paper's for the same value); 0: the prepared
+    # segmentation throughout. Translation always segments deterministically (transduce.data.bpe_dropout)
+    bpe_dropout: float = 0.0
     max_len: int = 250  # drop training pairs with a side longer than this many subword tokens
     max_len_ratio: float = 9.0  # drop training pairs whose token-length ratio exceeds this (Moses clean-corpus-n)
     dedup: bool = False  # drop exact duplicate training pairs
@@ -346,6 +350,12 @@ class DataConfig(_Section):
         _check_positive("workers", self.workers, allow_zero=True)
         if not 0.0 <= self.case_augment <= 1.0:
             raise ConfigError(f"case_augment: must be in [0, 1], got {self.case_augment!r}")
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ConfigError(f"bpe_dropout: must be in [0, 1), got {self.bpe_dropout!r}")
+        if self.bpe_dropout > 0 and self.vocab_type != "bpe":
+            raise ConfigError(f"bpe_dropout: needs vocab_type bpe, got {self.vocab_type!r}")
+        if self.bpe_dropout > 0 and self.task == "parse":
+            raise ConfigError("bpe_dropout: parsing targets are trees, not subwords; set bpe_dropout: 0")
         if not 0.0 < self.character_coverage <= 1.0:
             raise ConfigError(f"character_coverage: must be in (0, 1], got {self.character_coverage!r}")
         if self.src_lang == self.tgt_lang:

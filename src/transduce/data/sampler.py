@@ -310,21 +310,31 @@ class ConcatPairs:
 
 
 def training_data(
-    prepared, max_tokens: int, mix_share: float, *, seed: int, rank: int = 0, world_size: int = 1
-) -> tuple[ParallelDataset | ConcatPairs, TokenBatchSampler | MixedBatchSampler, TokenBatchSampler]:
+    prepared, max_tokens: int, mix_share: float, *, seed: int, rank: int = 0, world_size: int = 1,
+    bpe_dropout: float = 0.0, tokenizer=None,
+) -> tuple[ParallelDataset | ConcatPairs, TokenBatchSampler | MixedBatchSampler, TokenBatchSampler]:  # fmt: skip
     """The training split of a prepared directory and its batches: ``(dataset, sampler, main sampler)``.
 
     With ``mix_share`` > 0 the prepared ``mix`` split (``data.mix``) is mixed into every batch
     (:class:`MixedBatchSampler`; the training pairs' batches get ``max_tokens * (1 - mix_share)``), and the dataset
-    covers both; else the sampler is the main one.
+    covers both; else the sampler is the main one. With ``bpe_dropout`` > 0 the training pairs are segmented anew
+    every epoch with ``tokenizer`` (:class:`transduce.data.bpe_dropout.BPEDropoutEpochs`; the mixed-in pairs keep
+    their prepared segmentation); the main sampler returned is then the one of the prepared segmentation.
     """
     train = ParallelDataset(prepared, "train")
-    main = TokenBatchSampler(
-        train.src_lengths, train.tgt_lengths, max(1, int(max_tokens * (1 - mix_share))), seed=seed, rank=rank,
-        world_size=world_size,
-    )  # fmt: skip
+    budget = max(1, int(max_tokens * (1 - mix_share)))
+    dataset: ParallelDataset | Any = train
+    if bpe_dropout > 0:
+        from transduce.data.bpe_dropout import BPEDropoutEpochs  # (it builds on this module)
+
+        main: Any = BPEDropoutEpochs(train, tokenizer, bpe_dropout, budget, seed=seed, rank=rank,
+                                     world_size=world_size)  # fmt: skip
+        dataset, plain = main.dataset, main.sampler
+    else:
+        main = plain = TokenBatchSampler(train.src_lengths, train.tgt_lengths, budget, seed=seed, rank=rank,
+                                         world_size=world_size)  # fmt: skip
     if mix_share <= 0:
-        return train, main, main
+        return dataset, main, plain
     mix = ParallelDataset(prepared, MIX_SPLIT)
     sampler = MixedBatchSampler(main, mix.src_lengths, mix.tgt_lengths, mix_share, offset=len(train), seed=seed)
-    return ConcatPairs(train, mix), sampler, main
+    return ConcatPairs(dataset, mix), sampler, plain
