@@ -176,8 +176,9 @@ class BPEDropoutEpochs:
         self._sampler = self._batches(src_lengths, tgt_lengths)
         self.epoch = epoch
         more = (src_lengths.sum() + tgt_lengths.sum()) / max(1, self.prepared_pieces) - 1
-        log.info("epoch %d: BPE-dropout %g segments the training pairs into %.1f%% more pieces, %d batches",
-                 epoch, self.dropout, 100 * more, self._sampler.num_batches)  # fmt: skip
+        if self.rank == 0:  # (every rank segments the same way)
+            log.info("epoch %d: BPE-dropout %g segments the training pairs into %.1f%% more pieces, %d batches",
+                     epoch, self.dropout, 100 * more, self._sampler.num_batches)  # fmt: skip
 
     def iter_from(self, epoch: int, position: int = 0) -> Iterator[list[int]]:
         """This rank's batches of ``epoch`` (segmented for it), skipping the first ``position``."""
