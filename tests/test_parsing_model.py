@@ -53,7 +53,7 @@ def toy_parse_config(train: Path, test: Path, run_dir: Path, *more: str) -> Conf
         "data.task=parse", "data.src_lang=words", "data.tgt_lang=tree", "data.joint_vocab=false",
         "data.tree_leaves=word",  # the decoder copies the words: a tiny model learns to place the brackets quickly
         f"data.train={train}", f"data.valid={test}", "data.vocab_size=290", f"train.run_dir={run_dir}",
-        "model.d_model=64", "model.d_ff=128", "model.dropout=0.1", "train.max_steps=800", "train.max_tokens=1024",
+        "model.d_model=64", "model.d_ff=128", "model.dropout=0.1", "train.max_steps=400", "train.max_tokens=1024",
         "train.peak_lr=5.0e-3", "train.warmup_steps=40", "train.schedule=cosine",
         "train.valid_every=0", "train.log_every=50",
         "train.valid_bleu=false", "decode.max_len_b=40", *more,
@@ -80,7 +80,7 @@ def toy_run_in_order(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     directory = tmp_path_factory.mktemp("toy_parse_in_order")
     train_mrg, test_mrg = write_toy_treebank(directory / "treebank")
     run_dir = directory / "run"
-    overrides = ("data.tree_order=in-order", "train.max_steps=500")
+    overrides = ("data.tree_order=in-order", "train.max_steps=300")
     assert train(toy_parse_config(train_mrg, test_mrg, run_dir, *overrides)).exit_code == 0
     return run_dir, test_mrg
 
