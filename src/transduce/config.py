@@ -293,8 +293,8 @@ class DataConfig(_Section):
     # Title-Case input (transduce.casing)
     case_augment: float = 0.0
     # BPE-dropout (Provilkov et al., 2020): every epoch the training pairs are segmented anew, each BPE merge skipped
-    # with this probability (SentencePiece's sampling, finer than the paper's for the same value); 0: the prepared
-    # segmentation throughout. Translation always segments deterministically (transduce.data.bpe_dropout)
+    # at every merge step with this probability (the paper's algorithm, reproducible from train.seed); 0: the
+    # prepared segmentation throughout. Translation always segments deterministically (transduce.data.bpe_dropout)
     bpe_dropout: float = 0.0
     max_len: int = 250  # drop training pairs with a side longer than this many subword tokens
     max_len_ratio: float = 9.0  # drop training pairs whose token-length ratio exceeds this (Moses clean-corpus-n)
