@@ -17,6 +17,19 @@ def copy_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A copy-task corpus (:func:`trainkit.write_corpus`) and its prepared directory, made once per test module."""
+    from trainkit import toy_config, write_corpus
+    from transduce.data import prepare
+
+    root = tmp_path_factory.mktemp("toy")
+    corpus = write_corpus(root / "corpus")
+    prepared = root / "prepared"
+    prepare(toy_config(corpus, root / "unused").data, prepared)
+    return corpus, prepared
+
+
+@pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A standalone checkpoint of a random ``test``-preset model with a real vocabulary (see
     :func:`decodekit.make_checkpoint`), made once per test module."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_train import _cfg, _drive, _losses, _weights
-from trainkit import toy_config, write_corpus
+from trainkit import toy_config
 from transduce.config import Config, ConfigError
 from transduce.data import ParallelDataset, prepare
 from transduce.data.bpe_dropout import BPEDropout, BPEDropoutEpochs
@@ -16,16 +16,6 @@ from transduce.data.sampler import TokenBatchSampler, training_data
 from transduce.errors import DataError
 from transduce.tokenizer import Tokenizer
 from transduce.train import train
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A copy-task corpus, its prepared directory and tokenizer."""
-    root = tmp_path_factory.mktemp("bpe_dropout")
-    corpus = write_corpus(root / "corpus")
-    prepared = root / "prepared"
-    prepare(toy_config(corpus, root / "unused").data, prepared)
-    return corpus, prepared
 
 
 def _epochs(prepared, dropout=0.2, **kw):

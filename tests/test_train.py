@@ -14,25 +14,15 @@ import pytest
 import torch
 
 import transduce.train as train_module
-from trainkit import toy_config, write_corpus
+from trainkit import toy_config
 from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig, TrainConfig
-from transduce.data import collate, prepare
+from transduce.data import collate
 from transduce.model import Transformer
 from transduce.runlog import read_metrics
 from transduce.train import TrainingError, train
 from transduce.trainer import Trainer
 from transduce.validate import ValidResult
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """A copy-task corpus and its prepared directory, shared by the tests of this module."""
-    root = tmp_path_factory.mktemp("toy")
-    corpus = write_corpus(root / "corpus")
-    prepared = root / "prepared"
-    prepare(toy_config(corpus, root / "unused").data, prepared)
-    return corpus, prepared
 
 
 def _cfg(data, run_dir, **train):
