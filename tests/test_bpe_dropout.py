@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_train import _cfg, _drive, _losses, _weights
-from trainkit import toy_config
+from trainkit import toy_config, write_corpus
 from transduce.config import Config, ConfigError
 from transduce.data import ParallelDataset, prepare
 from transduce.data.bpe_dropout import BPEDropout, BPEDropoutEpochs
@@ -149,3 +149,20 @@ def test_a_run_with_bpe_dropout_learns_and_resumes_exactly(data, tmp_path):
     a, b = _weights(whole / "checkpoints" / "step_00000030"), _weights(stopped / "checkpoints" / "step_00000030")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(stopped) == _losses(whole)
+
+
+def test_mixed_in_pairs_keep_their_prepared_segmentation(data, tmp_path):
+    corpus, _ = data
+    mixed_corpus = write_corpus(tmp_path / "mix", seed=1)
+    cfg = toy_config(corpus, tmp_path / "run").data.replace(mix=str(mixed_corpus / "train"), mix_share=0.3)
+    prepared = tmp_path / "prepared"
+    prepare(cfg, prepared)
+    dataset, sampler, _ = training_data(prepared, 256, 0.3, seed=1, bpe_dropout=0.2, tokenizer=Tokenizer.load(prepared))
+    train, mix = ParallelDataset(prepared, "train"), ParallelDataset(prepared, "mix")
+    batches = list(sampler.iter_from(4))
+    src, _ = sampler.main.segment(4)
+    own = sorted(i for batch in batches for i in batch if i < len(train))
+    assert own == list(range(len(train)))  # every training pair once, in the epoch's segmentation
+    assert all(dataset[i][0].tolist() == src[i] for i in own)
+    others = [i for batch in batches for i in batch if i >= len(train)]
+    assert others and all(dataset[i][0].tolist() == mix[i - len(train)][0].tolist() for i in others)
