@@ -9,11 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 from harness import add_common_args, apply_common_args, machine, table
 from transduce.data import ParallelDataset
-from transduce.data.bpe_dropout import BPEDropout
+from transduce.data.bpe_dropout import BPEDropoutEpochs
 from transduce.tokenizer import Tokenizer
 
 
@@ -27,20 +25,16 @@ def main() -> None:
     print(machine())
     tok = Tokenizer.load(args.prepared)
     train = ParallelDataset(args.prepared, "train")
-    pairs = [train[i] for i in range(len(train))]
-    texts = [[tok.decode_src(s) for s, _ in pairs], [tok.decode_tgt(t) for _, t in pairs]]
-    plain = int(train.src_lengths.sum() + train.tgt_lengths.sum())
-    segmenters = [BPEDropout(proto) for proto in tok.model_protos()]
     rows = []
     for p in [float(x) for x in args.p.split(",")]:
-        rng = np.random.default_rng([1, 0])
+        epochs = BPEDropoutEpochs(train, tok, p, max_tokens=4096, seed=1)
         start = time.perf_counter()
-        pieces = sum(len(ids) for bpe, side in zip(segmenters, texts) for ids in bpe.encode(side, p, rng))
+        src, tgt = epochs.segment(0)
         seconds = time.perf_counter() - start
-        sentences = 2 * len(pairs)
-        rows.append(
-            (p, sentences, f"{seconds:.2f}", f"{sentences / seconds:,.0f}", f"{100 * (pieces / plain - 1):.1f}")
-        )
+        pieces = sum(map(len, src)) + sum(map(len, tgt))
+        sentences = len(src) + len(tgt)
+        more = f"{100 * (pieces / epochs.prepared_pieces - 1):.1f}"
+        rows.append((p, sentences, f"{seconds:.2f}", f"{sentences / seconds:,.0f}", more))
     print(table(("p", "sentences", "seconds", "sentences/s", "% more pieces"), rows))
 
 

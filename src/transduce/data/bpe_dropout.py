@@ -139,12 +139,12 @@ class BPEDropoutEpochs:
         if not isinstance(tokenizer, Tokenizer):
             raise DataError(f"data.bpe_dropout: needs a SentencePiece BPE vocabulary (data.vocab_type: bpe), not "
                             f"{type(tokenizer).__name__}")  # fmt: skip
-        for side, proto in zip(("source", "target"), tokenizer.model_protos(), strict=True):
+        src_proto, tgt_proto = tokenizer.model_protos()
+        for side, proto in (("source", src_proto), ("target", tgt_proto)):
             kind = model_type(proto)
             if kind != "bpe":
                 raise DataError(f"data.bpe_dropout: the {side} vocabulary is a SentencePiece {kind} model; "
                                 "BPE-dropout needs a BPE one (data.vocab_type: bpe)")  # fmt: skip
-        src_proto, tgt_proto = tokenizer.model_protos()
         self.src_bpe = BPEDropout(src_proto)
         self.tgt_bpe = self.src_bpe if tgt_proto == src_proto else BPEDropout(tgt_proto)
         self.dropout = dropout
