@@ -49,6 +49,35 @@ def test_input_style(text, style):
     assert casing.input_style(text) == style
 
 
+@pytest.mark.parametrize(
+    ("text", "style"),
+    [
+        ("EIN GROßER HUND LÄUFT AUF DER STRAßE", "upper"),  # ß has no one-letter capital: not a lowercase letter here
+        ("EIN GROẞER HUND AUF DER STRAẞE", "upper"),
+        ("EL 1º PREMIO", "upper"),  # º and ª are lowercase to Unicode but have no capital
+        ("LA 2ª EDICIÓN", "upper"),
+        ("Ein Großer Hund Läuft Auf Der Straße", "title"),
+        ("ΔΥΟ ΣΚΥΛΙΑ ΠΑΙΖΟΥΝ ΣΤΟ ΧΙΟΝΙ.", "upper"),
+        ("Δύο Σκυλιά Παίζουν Στο Χιόνι", "title"),
+        ("Δύο σκυλιά παίζουν στο χιόνι.", None),
+        ("ДВЕ СОБАКИ ИГРАЮТ В СНЕГУ.", "upper"),
+        ("Две Собаки Играют В Снегу", "title"),
+        ("Две собаки играют в снегу.", None),
+        ("İSTANBUL'DA BÜYÜK BİR KÖPEK", "upper"),  # dotted İ lowercases to two characters, still a capital
+        ("İstanbul Büyük Bir Şehir", "title"),
+        ("İstanbul'da büyük bir köpek ıslandı.", None),
+        ("我们在 NASA 和 FBI 工作", None),  # two acronyms in a Chinese line: not an ALL-CAPS line
+        ("NASA と FBI で働いています", None),
+        ("אני עובד ב-NASA וב-FBI", None),
+        ("أعمل في NASA و FBI", None),
+        ("١٢٣ 456 ٧٨٩", None),
+        ("   ", None),
+    ],
+)
+def test_input_style_counts_only_letters_with_distinct_upper_and_lower_forms(text, style):
+    assert casing.input_style(text) == style
+
+
 def test_normalize_and_restore():
     assert casing.normalize("TWO DOGS RUN.") == ("two dogs run.", "upper")
     assert casing.normalize("Two Dogs Run Fast") == ("two dogs run fast", "title")

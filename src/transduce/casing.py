@@ -52,22 +52,44 @@ def augment_pair(src: str, tgt: str) -> tuple[str, str]:
     return src.lower(), tgt
 
 
+MIN_CASED_SHARE = 0.8  # a line's style is decided only where at least this share of its letters are cased
+
+
+def _is_upper(c: str) -> bool:
+    """A capital with a distinct lowercase form (dotted İ, whose lowercase is two characters, included)."""
+    return c.isupper() and c.lower() != c
+
+
+def _is_lower(c: str) -> bool:
+    """A lowercase letter whose capital is one other letter: not ß (capital "SS"), º or ª (no capital)."""
+    upper = c.upper()
+    return c.islower() and len(upper) == 1 and upper != c
+
+
 def _words(text: str) -> list[str]:
     """Whitespace-separated words that start with a cased letter."""
-    return [w for w in text.split() if w[:1].isalpha() and w[:1].lower() != w[:1].upper()]
+    return [w for w in text.split() if _is_upper(w[0]) or _is_lower(w[0])]
 
 
 def input_style(text: str) -> Style | None:
     """ "upper" for a line in ALL CAPS (at least two words with letters, no lowercase letter), "title" for a line in
     Title Case (at least three such words, each starting with a capital, not all caps), else None.
 
+    Only letters with distinct upper and lower forms count: ß, º and ª are neither (EIN GROßER HUND is ALL CAPS).
     Ordinary sentences, German ones with their capitalised nouns included, have lowercase words between their
-    capitalised ones and are left alone.
+    capitalised ones and are left alone; so are lines whose letters are mostly of a script without case (Chinese,
+    Japanese, Arabic, Hebrew: fewer than ``MIN_CASED_SHARE`` of the letters cased), where a few Latin acronyms say
+    nothing about the line.
     """
+    letters = [c for c in text if c.isalpha()]
+    upper = sum(map(_is_upper, letters))
+    lower = sum(map(_is_lower, letters))
+    if not letters or upper + lower < MIN_CASED_SHARE * len(letters):
+        return None
     words = _words(text)
-    if len(words) >= 2 and not any(c.islower() for c in text) and any(c.isupper() for c in text):
+    if len(words) >= 2 and lower == 0 and upper > 0:
         return "upper"
-    if len(words) >= 3 and all(w[0].isupper() for w in words):
+    if len(words) >= 3 and all(_is_upper(w[0]) for w in words):
         return "title"
     return None
 
