@@ -2,7 +2,13 @@
 
 import hashlib
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -89,6 +95,73 @@ def test_crash_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path, v
     assert _same(ckpt.load_model(run)[0], first)
     _run_checkpoint(run, first, config, 30, vocab)  # the next write sweeps the debris
     assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_a_write_in_progress_in_another_thread_survives_a_second_writer(tmp_path, vocab, monkeypatch):
+    """Two writers into one checkpoints/ directory: the second's sweep of debris must leave the first's temporary
+    directory, still being written, alone."""
+    config = _config()
+    run = tmp_path / "run"
+    saving, resume = threading.Event(), threading.Event()
+    real_save = torch.save
+
+    def slow_save(obj, f, *args, **kwargs):  # the first writer pauses between its weights and its trainer state
+        if threading.current_thread().name == "first":
+            saving.set()
+            assert resume.wait(30)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", slow_save)
+    errors = []
+
+    def first():
+        try:
+            _run_checkpoint(run, Transformer(config.model), config, 10, vocab)
+        except Exception as e:  # (reported by the assertion below)
+            errors.append(e)
+
+    thread = threading.Thread(target=first, name="first")
+    thread.start()
+    assert saving.wait(30)
+    _run_checkpoint(run, Transformer(config.model), config, 20, vocab)
+    resume.set()
+    thread.join(30)
+    assert errors == []
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_00000010", "step_00000020"]
+    ckpt.verify(run / "checkpoints" / "step_00000010")
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_only_stale_temporary_directories_are_swept(tmp_path, vocab):
+    """A temporary directory is another writer's work in progress while its owner process is alive and it is
+    younger than STALE_TEMPORARY_S; a dead owner's, an old one's and one of an unreadable name are debris."""
+    config = _config()
+    run = tmp_path / "run"
+    checkpoints = run / "checkpoints"
+    host = socket.gethostname()
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)  # fmt: skip
+    dead = int(finished.stdout)
+    live = os.getppid()  # the process that started the tests: alive, and not this one
+    names = {
+        "live": f".tmp-step_00000005-{live}@{host}",
+        "live_elsewhere": f".tmp-step_00000005-{live}@another-host.example",
+        "dead": f".tmp-step_00000006-{dead}@{host}",
+        "old": f".tmp-step_00000007-{live}@{host}",
+        "old_elsewhere": f".tmp-step_00000008-{live}@another-host.example",
+        "unnamed": ".tmp-something",
+    }
+    for name in names.values():
+        (checkpoints / name).mkdir(parents=True)
+        (checkpoints / name / "model.safetensors").write_bytes(b"partial")
+    long_ago = time.time() - ckpt.STALE_TEMPORARY_S - 60
+    for key in ("old", "old_elsewhere", "unnamed"):
+        for path in (checkpoints / names[key], checkpoints / names[key] / "model.safetensors"):
+            os.utime(path, (long_ago, long_ago))
+    _run_checkpoint(run, Transformer(config.model), config, 10, vocab)
+    left = sorted(p.name for p in checkpoints.glob(".tmp-*"))
+    assert left == sorted([names["live"], names["live_elsewhere"]])
+    assert (checkpoints / names["live"] / "model.safetensors").read_bytes() == b"partial"
 
 
 def test_truncated_corrupt_and_incomplete_checkpoints_name_the_file(tmp_path, vocab):

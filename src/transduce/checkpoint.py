@@ -21,7 +21,10 @@ On-disk format (``FORMAT_VERSION`` 1)::
 Atomicity: a checkpoint is written into a hidden temporary directory (``.tmp-*``) beside its final place, every file
 is fsynced, then the directory is renamed into place with :func:`os.replace` and the parent is fsynced. The
 pointer files are replaced the same way. A process killed at any moment therefore leaves either the old state or
-the new one; stale temporary directories are ignored and swept on the next write.
+the new one. A temporary directory is named after its writer (``.tmp-NAME-PID@HOST``); the next write into the
+same directory sweeps only stale ones (their process is no longer alive on this host, or they were not touched for
+:data:`STALE_TEMPORARY_S` seconds), never another live writer's work in progress (a ``transduce average`` beside a
+training, two runs sharing a directory).
 
 The vocabulary of a checkpoint is ``CKPT/vocab`` when present, else ``RUN_DIR/vocab``. Its identity is the sha256
 of the SentencePiece ``*.model`` files and ``tokenizer.json``; loading checks it against the checkpoint's metadata.
@@ -29,12 +32,16 @@ of the SentencePiece ``*.model`` files and ``tokenizer.json``; loading checks it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +70,12 @@ LAST, BEST = "last", "best"
 # plus the source side's truecasing table (transduce.casing), which is not part of the vocabulary's identity
 _VOCAB_PATTERNS = ("*.model", "*.vocab", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json", TRUECASE_FILE)
 _VOCAB_IDENTITY = ("*.model", "*.spm", "vocab.json", "target_vocab.json", "tokenizer.json")  # not *.vocab: derived
+#: A temporary checkpoint directory untouched for this long is taken for debris even when a process of its writer's id
+#: is alive (process ids are reused; a writer on another host cannot be asked): a checkpoint is written in minutes.
+STALE_TEMPORARY_S = 3600.0
+_HOST = socket.gethostname()
+_writing: set[Path] = set()  # this process's temporary directories being written (by any of its threads)
+_writing_lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +147,57 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     _fsync_path(path.parent)
 
 
+def _temporary_name(path: Path, what: str = "") -> Path:
+    """The hidden directory beside ``path`` that this process writes it in: ``.tmp-[WHAT-]NAME-PID@HOST``."""
+    return path.parent / f".tmp-{what}{path.name}-{os.getpid()}@{_HOST}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # cannot ask without side effects: the age decides
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _last_touched(path: Path) -> float:
+    """The newest modification time of ``path`` and of what it holds (a long write keeps touching its files)."""
+    times = [path.stat().st_mtime]
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):  # removed meanwhile
+            times.append(p.stat().st_mtime)
+    return max(times)
+
+
+def _is_stale(path: Path) -> bool:
+    """Whether a ``.tmp-*`` directory is debris: not this process's write in progress, and either its writer (named
+    by ``-PID@HOST``) is no longer alive on this host or it was not touched for :data:`STALE_TEMPORARY_S` seconds."""
+    with _writing_lock:
+        if path in _writing:
+            return False
+    try:
+        if time.time() - _last_touched(path) > STALE_TEMPORARY_S:
+            return True
+    except OSError:  # gone already
+        return False
+    owner, _, host = path.name.rpartition("@")
+    pid = owner.rpartition("-")[2]
+    if not pid.isdigit():  # a name of another form: only its age decides
+        return False
+    if host != _HOST:  # another machine's writer (a shared file system): only its age decides
+        return False
+    return int(pid) == os.getpid() or not _pid_alive(int(pid))  # ours but not being written: left by a failed write
+
+
 def _sweep_temporaries(directory: Path) -> None:
+    """Remove the stale temporary directories in ``directory`` (see :func:`_is_stale`)."""
     for p in directory.glob(".tmp-*"):
-        shutil.rmtree(p, ignore_errors=True)
+        if p.is_dir() and _is_stale(p):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -168,10 +229,26 @@ def write_checkpoint(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_temporaries(path.parent)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = _temporary_name(path)
+    with _writing_lock:
+        if tmp in _writing:
+            raise CheckpointError(f"{path}: this process is writing it already")
+        _writing.add(tmp)
+    try:
+        _sweep_temporaries(path.parent)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by an earlier failed write of this process
+        tmp.mkdir()
+        return _write_into(tmp, path, model, config, vocab_sha, step, trainer_state, vocab_dir)
+    finally:
+        with _writing_lock:
+            _writing.discard(tmp)
+
+
+def _write_into(
+    tmp: Path, path: Path, model: torch.nn.Module, config: Config, vocab_sha: str, step: int,
+    trainer_state: dict[str, Any] | None, vocab_dir: str | Path | None,
+) -> Path:  # fmt: skip
+    """:func:`write_checkpoint`'s work: fill ``tmp``, then rename it into place as ``path``."""
     metadata = {
         "format": FORMAT_VERSION,
         "config": json.dumps(config.to_dict()),
@@ -197,7 +274,7 @@ def write_checkpoint(
         os.fsync(f.fileno())
     _fsync_path(tmp)
     if path.exists():  # overwriting (rare: same step saved twice); keep the old one until the new one is in place
-        old = path.parent / f".tmp-old-{path.name}-{os.getpid()}"
+        old = _temporary_name(path, "old-")
         os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
