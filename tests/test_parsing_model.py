@@ -163,6 +163,65 @@ def test_attention_picture_of_a_parse(toy_run, tmp_path, capsys):
     assert drawn == [*parsed, "</s>"] and drawn[drawn.index("sees") - 1].startswith("(")
 
 
+@pytest.fixture(scope="module")
+def bracket_translation_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random translation model (data.task: translate) whose target vocabulary has pieces that start with "(":
+    its training text had parentheses."""
+    import torch
+
+    from transduce.checkpoint import save_model
+    from transduce.config import DecodeConfig, ModelConfig
+    from transduce.model import Transformer
+    from transduce.tokenizer import Tokenizer
+
+    directory = tmp_path_factory.mktemp("bracket_translation")
+    rng = random.Random(0)
+    words = ["a", "man", "dog", "(see", "below)", "(NP", "the", "bike", "ein", "Hund", "(S", "das", "Rad"]
+    text = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) + "." for _ in range(300)]
+    tok = Tokenizer.train(directory / "vocab", text, vocab_size=300)
+    assert any(p.lstrip("▁").startswith("(") for p in tok.tgt_pieces(range(tok.tgt_vocab_size)))
+    torch.manual_seed(0)
+    model_cfg = ModelConfig.preset("test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
+    config = Config(model=model_cfg, decode=DecodeConfig(max_len_b=5))
+    return save_model(directory / "model", Transformer(model_cfg).eval(), config, directory / "vocab")
+
+
+def test_attention_draws_a_translation_models_own_translation_whatever_its_pieces(
+    bracket_translation_model, tmp_path, capsys
+):
+    from transduce.translate import Translator
+
+    png = tmp_path / "a.png"
+    argv = ["attention", "--model", str(bracket_translation_model), "--src", "a man (see below).", "-o", str(png)]
+    assert main([*argv, "--device", "cpu"]) == 0
+    translator = Translator.load(bracket_translation_model)
+    assert translator.task == "translate"
+    expected = translator.attention("a man (see below).").tgt_out_pieces
+    assert capsys.readouterr().out == " ".join(expected) + "\n"
+
+
+def test_parse_refuses_a_translation_model_in_one_line(bracket_translation_model, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("a man .\n", encoding="utf-8")
+    out = tmp_path / "out.trees"
+    argv = ["parse", "--model", str(bracket_translation_model), "--input", str(text), "--output", str(out)]
+    assert main([*argv, "--device", "cpu"]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith("transduce parse: ") and err.endswith(
+        "the model was trained with data.task: translate: parsing needs a model trained with data.task: parse"
+    )
+    assert not out.exists()
+
+
+def test_the_task_of_a_parsing_run_travels_with_the_translator(toy_run, bracket_translation_model):
+    from transduce.translate import Translator
+
+    assert Translator.load(toy_run[0]).task == "parse"
+    with pytest.raises(ConfigError, match=r"^ensemble: .* was trained with data.task: translate, .* with "
+                       r"data.task: parse: the members of an ensemble must share one task$"):  # fmt: skip
+        Translator.load([toy_run[0], bracket_translation_model])
+
+
 def test_baselines_from_the_command_line(toy_run, tmp_path, capsys):
     _, test_mrg = toy_run
     train_mrg = test_mrg.with_name("toy_train.mrg")
@@ -199,6 +258,7 @@ class _NbestTranslator:
         self.model = SimpleNamespace(config=SimpleNamespace(tgt_vocab_size=len(pieces), eos_id=2))
         self.tokenizer = SimpleNamespace(tgt_pieces=lambda ids: [pieces[i] for i in ids])
         self.device = "cpu"
+        self.task = "parse"
         self.constraints: list = []  # the constraint factory of each call (None: unconstrained)
 
     def translate_nbest(self, texts, *, nbest, decode, constraint=None):

@@ -116,6 +116,14 @@ class Ensemble(nn.Module):
         raise ConfigError(f"attention shows one model's weights; this is an ensemble of {len(self.members)} models")
 
 
+def check_same_task(tasks: Sequence[str], names: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` naming the first member trained for another ``data.task`` than the first."""
+    for task, name in zip(tasks[1:], names[1:]):
+        if task != tasks[0]:
+            raise ConfigError(f"ensemble: {name} was trained with data.task: {task}, {names[0]} with data.task: "
+                              f"{tasks[0]}: the members of an ensemble must share one task")  # fmt: skip
+
+
 def check_same_vocabulary(tokenizers: Sequence[Any], names: Sequence[str]) -> None:
     """Raise :class:`ConfigError` naming the first member whose source or target pieces differ from the first's:
     the same sizes are not enough, every id must mean the same piece."""

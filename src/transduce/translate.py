@@ -87,6 +87,8 @@ class Translator:
             positions, else 1024.
         precision: ``fp32`` (on CUDA with TF32 matrix products), ``bf16`` or ``fp16``: the dtype the weights are
             cast to for decoding (the search's scores stay float32).
+        task: what the model was trained for (``data.task``: ``translate`` or ``parse``); :meth:`load` takes it
+            from the run, and parsing (:class:`transduce.parsing.parser.Parser`) needs ``parse``.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class Translator:
         *,
         max_input_tokens: int | None = None,
         precision: str = "fp32",
+        task: str = "translate",
     ) -> None:
         self.device = resolve_device(device)
         dtype = check_precision(precision)
@@ -116,6 +119,7 @@ class Translator:
         if max_input_tokens < 1:
             raise ConfigError(f"max_input_tokens must be >= 1, got {max_input_tokens}")
         self.max_input_tokens = max_input_tokens
+        self.task = task
         self._encode_lock = threading.Lock()  # tokenizers are not all documented as thread-safe
 
     @classmethod
@@ -155,12 +159,14 @@ class Translator:
         _, config, tokenizer = loaded[0]
         model = models[0]
         if len(paths) > 1:
-            from transduce.ensemble import Ensemble, check_same_vocabulary
+            from transduce.ensemble import Ensemble, check_same_task, check_same_vocabulary
 
-            check_same_vocabulary([tok for _, _, tok in loaded], [str(p) for p in paths])
+            names = [str(p) for p in paths]
+            check_same_task([c.data.task for _, c, _ in loaded], names)
+            check_same_vocabulary([tok for _, _, tok in loaded], names)
             model = Ensemble(models)
         return cls(model, tokenizer, decode or config.decode, device, max_input_tokens=max_input_tokens,
-                   precision=precision)  # fmt: skip
+                   precision=precision, task=config.data.task)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------------------------
     # public API

@@ -13,20 +13,17 @@ with :func:`~transduce.parsing.linearize.delinearise`, which never fails (and, c
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from transduce.config import DecodeConfig
+from transduce.config import ConfigError, DecodeConfig
 from transduce.parsing.constrained import InOrderConstraint, TreeConstraint, TreeVocabulary
 from transduce.parsing.linearize import Repair, delinearise
 from transduce.parsing.trees import Tree
 from transduce.translate import Translator
-
-log = logging.getLogger(__name__)
 
 #: the paper's decoding for parsing (§6.3): beam 21, alpha 0.3, maximum output length = input length + 300
 PAPER_DECODE = DecodeConfig(beam=21, length_penalty=0.3, length_norm="gnmt", max_len_a=1.0, max_len_b=300)
@@ -46,18 +43,20 @@ def _target_pieces(translator: Translator) -> list[str]:
 
 
 def is_parsing_model(translator: Translator) -> bool:
-    """Whether the translator's model writes linearised trees: its target vocabulary has opening brackets."""
-    return any(p.lstrip("▁").startswith("(") for p in _target_pieces(translator))
+    """Whether the translator's model writes linearised trees: it was trained with ``data.task: parse`` (the task
+    recorded in its run; a translation model's target pieces may start with "(" too)."""
+    return getattr(translator, "task", "translate") == "parse"
 
 
 class Parser:
     """A translator for linearised trees plus the way back to trees (see the module docstring)."""
 
     def __init__(self, translator: Translator) -> None:
+        if not is_parsing_model(translator):
+            raise ConfigError(f"the model was trained with data.task: {getattr(translator, 'task', 'translate')}: "
+                              "parsing needs a model trained with data.task: parse")  # fmt: skip
         self.translator = translator
         self.pieces = _target_pieces(translator)
-        if not any(p.lstrip("▁").startswith("(") for p in self.pieces):
-            log.warning("the model's target vocabulary has no opening brackets: was it trained with data.task: parse?")
         self._vocab: TreeVocabulary | None = None
         self.order = getattr(translator.tokenizer, "tree_order", "top-down")  # data.tree_order of its training
 
