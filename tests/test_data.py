@@ -318,6 +318,32 @@ def test_scan_counts_lines_and_finds_invalid_utf8_fast(tmp_path):
         list(read_lines(path))
 
 
+def test_scan_of_text_that_is_not_utf8_takes_linear_time(tmp_path):
+    import time
+
+    from transduce.textio import scan_text
+
+    # 1 MiB of Latin-1 (one block of the scan), every line with a byte that is not UTF-8, and a valid line between
+    line = "Straße café naïve\n".encode("latin-1") + b"plain line\n"
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(line * ((1 << 20) // len(line)))
+    started = time.perf_counter()
+    scan = scan_text(path)
+    seconds = time.perf_counter() - started
+    assert (scan.lines, scan.invalid) == (2 * ((1 << 20) // len(line)), (1 << 20) // len(line))
+    assert scan.first_invalid == f"{path}, line 1: not valid UTF-8 (byte 0xdf at column 5)"
+    assert seconds < 1.0  # about 0.01 s; copying the rest of the block for every bad line took over 5 s
+
+
+def test_scan_reports_the_first_bad_byte_of_each_line_across_multibyte_text(tmp_path):
+    from transduce.textio import _invalid_lines
+
+    # valid multi-byte characters before the bad bytes shift the byte offsets away from the character offsets
+    text = "😀 ok\n".encode() + "é é ".encode() + b"\xff\xfe x\n" + "ü".encode() + b"\xc3\x28\xff\nfine\n\xe2\x82\n"
+    assert _invalid_lines(text) == [text.index(b"\xff"), text.index(b"\xc3\x28"), text.index(b"\xe2\x82")]
+    assert _invalid_lines("😀 ok\n".encode()) == []
+
+
 def test_standard_input_is_read_the_same_way_and_left_open(monkeypatch):
     import io
     import sys

@@ -19,6 +19,7 @@ import contextlib
 import gzip
 import hashlib
 import logging
+import re
 import sys
 import zlib
 from collections.abc import Iterator
@@ -184,16 +185,28 @@ def scan_text(path: str | Path) -> TextScan:
     return TextScan(lines, invalid, first_invalid)
 
 
+# the first character of a line that stands for a byte that is not UTF-8, and the rest of that line
+_ESCAPED_LINE = re.compile("[\udc80-\udcff][^\n]*")
+
+
 def _invalid_lines(text: bytes) -> list[int]:
-    """Byte offsets of the first bad byte of every line of ``text`` (whole lines) that is not UTF-8."""
-    bad, pos = [], 0
-    while pos < len(text):
-        try:
-            text[pos:].decode("utf-8")
-            break
-        except UnicodeDecodeError as e:
-            bad.append(pos + e.start)
-            pos = text.index(b"\n", pos + e.start) + 1  # resume at the next line
+    """Byte offsets of the first bad byte of every line of ``text`` (whole lines) that is not UTF-8.
+
+    Linear in ``len(text)``, however many lines are bad: one decoding pass that turns each bad byte into a lone
+    surrogate (``surrogateescape``; valid UTF-8 never decodes to one), one regular-expression pass that finds the
+    first of them on each line, and the byte offsets counted forward from one match to the next.
+    """
+    try:
+        text.decode("utf-8")
+        return []  # the common case, at the decoder's full speed
+    except UnicodeDecodeError:
+        pass
+    decoded = text.decode("utf-8", "surrogateescape")
+    bad, offset, char = [], 0, 0
+    for match in _ESCAPED_LINE.finditer(decoded):
+        offset += len(decoded[char : match.start()].encode("utf-8", "surrogateescape"))
+        char = match.start()
+        bad.append(offset)
     return bad
 
 
