@@ -344,6 +344,43 @@ def test_device_names_resolve_or_fail_in_one_line(monkeypatch):
         check_precision("fp8")
 
 
+def test_one_visible_gpu_per_process_is_cuda_0_whatever_the_local_rank(monkeypatch):
+    """torchrun or SLURM with CUDA_VISIBLE_DEVICES set per rank: each process sees its own GPU as cuda:0."""
+    from transduce.device import DeviceError, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert resolve_device("cuda", local_rank=3) == torch.device("cuda", 0)
+    assert resolve_device("auto", local_rank=1) == torch.device("cuda", 0)
+    with pytest.raises(DeviceError, match=r"^device: 'cuda:1' asked for GPU 1, but 1 GPU\(s\) are visible "
+                                          r"\(CUDA_VISIBLE_DEVICES=3\)$"):  # fmt: skip
+        resolve_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # several visible: local rank k takes GPU k
+    with pytest.raises(DeviceError, match=r"^device: 'cuda' asked for GPU 2 \(the local rank\), but 2 GPU\(s\) "
+                                          r"are visible"):  # fmt: skip
+        resolve_device("cuda", local_rank=2)
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-5", "nan", "inf"])
+def test_a_malformed_kernel_wait_warns_and_uses_the_default(value):
+    code = "import transduce.model.kernels as k; print(k.BUILD_WAIT_S)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=_env(TRANSDUCE_KERNEL_WAIT=value))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "300.0\n"
+    warning = [line for line in proc.stderr.splitlines() if "TRANSDUCE_KERNEL_WAIT" in line]
+    assert warning == [f"TRANSDUCE_KERNEL_WAIT={value!r} is not a number of seconds >= 0; waiting at most 300 s "
+                       "for another process's kernel build"]  # fmt: skip
+
+
+def test_a_valid_kernel_wait_is_taken_without_a_word():
+    code = "import transduce.model.kernels as k; print(k.BUILD_WAIT_S)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=_env(TRANSDUCE_KERNEL_WAIT="2.5"))  # fmt: skip
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "2.5\n", "")
+
+
 def test_cli_device_cuda_without_cuda_is_a_one_line_error(copy_checkpoint, capsys):
     from transduce.cli import main
 

@@ -1,8 +1,9 @@
 """Devices and numeric precisions: one spelling for every command and the library.
 
 A device is ``auto`` (CUDA when a GPU is visible, else Apple's ``mps`` when there, else the CPU), ``cpu``, ``cuda``
-(under ``torchrun``, the GPU of the process's local rank), ``cuda:N`` or ``mps``. A device the machine does not have
-is refused with a one-line :class:`DeviceError` before anything is loaded.
+(under ``torchrun``, the GPU of the process's local rank, or GPU 0 when each process sees only its own),
+``cuda:N`` or ``mps``. A device the machine does not have is refused with a one-line :class:`DeviceError` before
+anything is loaded.
 
 A precision is a name of :data:`PRECISIONS`: ``fp32``, ``bf16`` or ``fp16``. Training runs bf16/fp16 under autocast
 with float32 master weights (fp16 with a gradient scaler); inference casts the weights. On CUDA, float32 matrix
@@ -48,7 +49,8 @@ def resolve_device(name: str | torch.device, local_rank: int = 0, where: str = "
 
     Args:
         name: see :data:`DEVICE_FORMS` (a ``torch.device`` is checked the same way).
-        local_rank: this process's rank on its node: ``auto`` and ``cuda`` take GPU ``local_rank``.
+        local_rank: this process's rank on its node: ``auto`` and ``cuda`` take GPU ``local_rank``, or GPU 0 when
+            the process sees only one (``CUDA_VISIBLE_DEVICES`` set per process).
         where: the option's name, for the error message.
     Returns:
         The device, whose index is set for CUDA.
@@ -75,10 +77,13 @@ def resolve_device(name: str | torch.device, local_rank: int = 0, where: str = "
     if not torch.cuda.is_available():
         why = "this PyTorch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
         raise DeviceError(f"{where}: {name!r} asked for, but {why}; use --device cpu (or auto)")
-    index = int(name.split(":")[1]) if ":" in name else local_rank
     count = torch.cuda.device_count()
+    if ":" in name:
+        index, which = int(name.split(":")[1]), ""
+    else:  # one process per GPU: with CUDA_VISIBLE_DEVICES set per process (SLURM, some launchers) its GPU is 0
+        index, which = (0 if count == 1 else local_rank), " (the local rank)"
     if index >= count:
-        raise DeviceError(f"{where}: {name!r} asked for GPU {index}, but {count} GPU(s) are visible "
+        raise DeviceError(f"{where}: {name!r} asked for GPU {index}{which}, but {count} GPU(s) are visible "
                           f"(CUDA_VISIBLE_DEVICES={_visible()})")  # fmt: skip
     return torch.device("cuda", index)
 

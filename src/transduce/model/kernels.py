@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import sys
 import threading
@@ -75,9 +76,29 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp")
 HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
 
+_DEFAULT_BUILD_WAIT_S = 300.0
+
+
+def _build_wait_s(default: float = _DEFAULT_BUILD_WAIT_S) -> float:
+    """``TRANSDUCE_KERNEL_WAIT`` when it is a number of seconds >= 0; else a warning and ``default``."""
+    raw = os.environ.get("TRANSDUCE_KERNEL_WAIT")
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < math.inf:
+        log.warning("TRANSDUCE_KERNEL_WAIT=%r is not a number of seconds >= 0; waiting at most %g s for another "
+                    "process's kernel build", raw, default)  # fmt: skip
+        return default
+    return value
+
+
 #: Seconds a process waits for another process's build of the same kernels before it gives up and runs on
-#: PyTorch's operations (a build takes 30-40 s on two cores).
-BUILD_WAIT_S = float(os.environ.get("TRANSDUCE_KERNEL_WAIT", "300"))
+#: PyTorch's operations (a build takes 30-40 s on two cores): ``TRANSDUCE_KERNEL_WAIT``, else 300.
+BUILD_WAIT_S = _build_wait_s()
+
 #: Without ``flock`` (Windows, some network file systems) a ``lock`` file older than this many seconds is taken
 #: for a killed build's.
 STALE_LOCK_S = 600.0
