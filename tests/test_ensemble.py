@@ -87,6 +87,28 @@ def test_members_must_share_the_vocabulary():
         Ensemble([])
 
 
+def test_the_smallest_position_limit_of_the_members_bounds_the_ensembles_inputs_and_outputs(caplog):
+    from decodekit import CharTokenizer
+    from transduce.search.common import max_lengths
+
+    sinusoidal = random_model(0, src_vocab_size=12, tgt_vocab_size=12)
+    learned = random_model(1, src_vocab_size=12, tgt_vocab_size=12, positions="learned", max_positions=16)
+    with caplog.at_level("INFO", logger="transduce.ensemble"):
+        ensemble = Ensemble([sinusoidal, learned])
+    assert "ensemble: model 2's learned positions stop at 16: inputs and outputs limited to 15 tokens" in caplog.text
+    assert (ensemble.config.positions, ensemble.config.max_positions) == ("learned", 16)
+    assert sinusoidal.config.positions == "sinusoidal"  # the members' own configs are left as they are
+    src = torch.tensor([[4] * 10 + [EOS_ID]])
+    assert max_lengths(ensemble, src, 1.0, 40).tolist() == [15]
+    translator = Translator(ensemble, CharTokenizer(), DecodeConfig(beam=2, max_len_a=1.0, max_len_b=40))
+    assert translator.max_input_tokens == 15
+    (text,) = translator.translate(["abcdefgh" * 3])  # 24 tokens: two pieces of at most 15, each decoded within 15
+    assert [len(piece) <= 15 for piece in text.split(" ")] == [True, True]
+    with pytest.raises(ConfigError, match=r"^max_input_tokens: 20 exceeds the model's learned positions "
+                       r"\(max_positions 16 allows 15\)$"):  # fmt: skip
+        Translator(ensemble, CharTokenizer(), max_input_tokens=20)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """Two random checkpoints with one vocabulary, and a third with another vocabulary of the same size."""

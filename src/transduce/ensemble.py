@@ -11,6 +11,8 @@ with different seeds; they may differ in shape, but must have the same source an
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ class Ensemble(nn.Module):
                     raise ConfigError(f"ensemble: model 1 has {name} {a}, model {i} has {b}: the members of an "
                                       "ensemble must share one vocabulary")  # fmt: skip
         self.members = nn.ModuleList(models)
-        self.config = first
+        self.config = _smallest_position_limit([m.config for m in models])
 
     def __len__(self) -> int:
         return len(self.members)
@@ -114,6 +118,23 @@ class Ensemble(nn.Module):
         if len(self.members) == 1:
             return self.members[0].attention(src, tgt_in)
         raise ConfigError(f"attention shows one model's weights; this is an ensemble of {len(self.members)} models")
+
+
+def _smallest_position_limit(configs: Sequence[Any]) -> Any:
+    """The first member's config, as learned positions up to the smallest ``max_positions`` of the members that
+    have learned ones: the searches and the translator bound input and output lengths by the ensemble's config, and
+    a member's position table cannot be read past its end."""
+    learned = [
+        (c.max_positions, i) for i, c in enumerate(configs, start=1) if getattr(c, "positions", None) == "learned"
+    ]
+    if not learned:
+        return configs[0]
+    limit, i = min(learned)
+    if all(getattr(c, "positions", None) == "learned" and c.max_positions == limit for c in configs):
+        return configs[0]
+    log.info("ensemble: model %d's learned positions stop at %d: inputs and outputs limited to %d tokens",
+             i, limit, limit - 1)  # fmt: skip
+    return dataclasses.replace(configs[0], positions="learned", max_positions=limit)
 
 
 def check_same_task(tasks: Sequence[str], names: Sequence[str]) -> None:

@@ -112,12 +112,15 @@ class Translator:
         self.model = model.to(self.device, dtype if dtype != torch.float32 else None).eval()
         self.tokenizer = tokenizer
         self.decode = decode if decode is not None else DecodeConfig()
-        mc = model.config
+        mc = model.config  # an ensemble's: the smallest position limit of its members
+        learned = getattr(mc, "positions", None) == "learned"
         if max_input_tokens is None:
-            learned = getattr(mc, "positions", None) == "learned"
             max_input_tokens = mc.max_positions - 1 if learned else DEFAULT_MAX_INPUT_TOKENS
         if max_input_tokens < 1:
             raise ConfigError(f"max_input_tokens must be >= 1, got {max_input_tokens}")
+        if learned and max_input_tokens > mc.max_positions - 1:  # the source and its EOS must fit the table
+            raise ConfigError(f"max_input_tokens: {max_input_tokens} exceeds the model's learned positions "
+                              f"(max_positions {mc.max_positions} allows {mc.max_positions - 1})")  # fmt: skip
         self.max_input_tokens = max_input_tokens
         self.task = task
         self._encode_lock = threading.Lock()  # tokenizers are not all documented as thread-safe
