@@ -239,6 +239,23 @@ def test_average_command_writes_a_loadable_checkpoint(tmp_path, vocab):
     assert vocab_dir == run / "average_last2" / "vocab"
 
 
+def test_average_last_n_with_fewer_checkpoints_is_refused_and_writes_nothing(tmp_path, vocab, capsys):
+    from transduce.cli import main
+
+    config = _config()
+    run = tmp_path / "run"
+    for step in (1, 2):
+        _run_checkpoint(run, Transformer(config.model), config, step, vocab)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    assert main(["average", "--model", str(run), "--last", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"transduce average: error: {run} has 2 checkpoints (step_00000001, step_00000002), fewer than "
+                   "--last 5; nothing written (--last 2 averages them all)\n")  # fmt: skip
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    assert (run / "average_last2" / "manifest.json").is_file()
+
+
 def test_manifest_checksums_are_the_sha256_of_each_file(tmp_path, vocab):
     config = _config()
     out = ckpt.save_model(tmp_path / "m", Transformer(config.model), config, vocab)

@@ -5,6 +5,8 @@ Examples:
   transduce average --model runs/big --last 20 -o models/big-avg20
   transduce average --model runs/a/checkpoints/step_00010000 runs/a/checkpoints/step_00011000 -o models/avg2
 
+``--last N`` needs N checkpoints: with fewer the command says how many there are and writes nothing.
+
 The output is a standalone checkpoint directory (model.safetensors, manifest.json and a copy of the vocabulary):
 ``transduce translate --model OUTPUT`` and ``transduce.checkpoint.load_model(OUTPUT)`` read it.
 """
@@ -46,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
         found = ckpt.list_checkpoints(run_dir)
         if not found:
             raise CheckpointError(f"{run_dir}: no checkpoints in {run_dir / ckpt.CHECKPOINTS_DIR}")
-        if len(found) < args.last:
-            log.warning("%s has %d checkpoints, fewer than --last %d; averaging them all", run_dir, len(found),
-                        args.last)  # fmt: skip
+        if len(found) < args.last:  # averaging fewer under the name average_lastN would mislead what reads it
+            names = ", ".join(p.name for p in found)
+            raise CheckpointError(f"{run_dir} has {len(found)} checkpoints ({names}), fewer than --last {args.last}; "
+                                  f"nothing written (--last {len(found)} averages them all)")  # fmt: skip
         chosen = found[-args.last :]
         out = Path(args.output) if args.output else run_dir / f"average_last{args.last}"
     else:
