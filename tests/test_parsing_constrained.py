@@ -5,6 +5,7 @@ recomputed from each hypothesis's prefix does."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -84,6 +85,38 @@ def test_random_models_give_well_formed_trees_greedy_beam_and_sampling(pieces, c
         free = [h.tokens for h in greedy_search(model, src, max_len_b=40)]
         unconstrained_repairs += repaired(free, words, pieces, order)
     assert unconstrained_repairs > 36  # without the constraint, most of these random outputs are not such trees
+
+
+@pytest.mark.parametrize(("constraint", "order"), ORDERS, ids=["top-down", "in-order"])
+@pytest.mark.parametrize(
+    "rules",
+    [{"min_len": 30}, {"no_repeat_ngram": 1}, {"no_repeat_ngram": 2, "min_len": 30}],
+    ids=["min_len", "no_repeat_ngram", "both"],
+)
+def test_a_step_where_the_constraint_leaves_nothing_the_other_rules_allow_follows_the_constraint(
+    rules, constraint, order
+):
+    """min_len masks the EOS of a complete tree, no_repeat_ngram the second XX leaf: the tree constraint is the
+    rule that holds, so greedy search never takes PAD there, sampling never draws from an empty distribution and beam
+    search never ends a sentence without a hypothesis."""
+    vocab = TreeVocabulary(PIECES, EOS_ID)
+    for seed in range(4):
+        model = random_model(seed, len(PIECES))
+        src, words = random_batch(seed, 8)
+        greedy = greedy_search(model, src, max_len_b=40, constraint=constraint.for_rows(vocab, words), **rules)
+        drawn = sample(model, src, num_samples=2, max_len_b=40, constraint=constraint.for_rows(vocab, words),
+                       generator=torch.Generator().manual_seed(seed), **rules)  # fmt: skip
+        beams = beam_search(model, src, beam=3, max_len_b=40, constraint=constraint.for_rows(vocab, words), **rules)
+        assert [len(hyps) for hyps in beams] == [1] * len(words)
+        outputs = [
+            [h.tokens for h in greedy],
+            [h[0].tokens for h in beams],
+            *([h[k].tokens for h in drawn] for k in (0, 1)),
+        ]
+        for hyps in outputs:
+            assert all(PAD_ID not in tokens for tokens in hyps)
+            check_trees(hyps, words, PIECES, order)
+        assert all(math.isfinite(h.log_prob) for h in greedy)
 
 
 @pytest.mark.parametrize(("constraint", "order"), ORDERS, ids=["top-down", "in-order"])

@@ -29,6 +29,7 @@ from transduce.search.common import (
     check_length_penalty,
     constrain,
     final_score,
+    follow_the_constraint,
     gc_paused,
     max_lengths,
     next_token_log_probs,
@@ -260,14 +261,18 @@ def beam_search(
             )
         elif kernels.applies(last) and last.is_contiguous():
             normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
+            raw = last.clone() if constraint is not None else last
             constrain(last, step, **limits)
             if constraint is not None:
                 constraint.mask(last, step, row_limit)
+                follow_the_constraint(last, raw, constraint, step, limits, width, scores.isfinite().view(-1))
             cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
         else:
-            log_probs = constrain(next_token_log_probs(logits), step, **limits)  # (rows, V)
+            raw = next_token_log_probs(logits)
+            log_probs = constrain(raw.clone() if constraint is not None else raw, step, **limits)  # (rows, V)
             if constraint is not None:
                 constraint.mask(log_probs, step, row_limit)
+                follow_the_constraint(log_probs, raw, constraint, step, limits, width, scores.isfinite().view(-1))
             total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
             cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
         cand_eos = cand_tokens.eq(cfg.eos_id)

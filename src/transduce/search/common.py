@@ -179,6 +179,49 @@ def constrain(
     return log_probs
 
 
+def follow_the_constraint(
+    scores: Tensor,
+    raw: Tensor,
+    constraint: Any,
+    step: int,
+    limits: dict[str, Any],
+    group: int = 1,
+    live: Tensor | None = None,
+) -> None:
+    """Where :func:`constrain`'s rules and a search constraint together leave a sentence no token at all (a
+    complete tree whose EOS ``min_len`` masks, a leaf ``no_repeat_ngram`` blocks), give its rows the constraint's
+    choices without ``min_len`` and ``no_repeat_ngram`` (PAD, BOS and the maximum length still hold): the
+    constraint is the rule the output must keep, those two are preferences. Without this, greedy search would take
+    PAD (the argmax of a row of -inf), sampling would draw from no distribution and beam search would end the
+    sentence with no hypothesis. A row still left with nothing gets EOS.
+
+    Args:
+        scores: (R, V) logits or log-probabilities masked by :func:`constrain` and the constraint; modified in place.
+        raw: (R, V) the same before any masking.
+        constraint: the :class:`transduce.search.constraints.SearchConstraint` of the R rows.
+        limits: :func:`constrain`'s keyword arguments.
+        group: consecutive rows per sentence (a beam's rows); a sentence is relaxed only when none of its live rows
+            has a token left.
+        live: (R,) bool, the rows whose hypothesis is still in the running (a beam's rows of finite score); None:
+            all.
+    """
+    empty = scores.isneginf().all(dim=-1)  # (R,)
+    if live is not None:
+        empty &= live
+    if not bool(empty.any()):
+        return
+    blocked = empty if live is None else empty | ~live  # (R,): nothing to extend the row with
+    dead = blocked.view(-1, group).all(dim=1).repeat_interleave(group) & empty  # (R,): the stuck sentences' rows
+    if not bool(dead.any()):
+        return
+    relaxed = constrain(raw.clone(), step, **{**limits, "min_len": 0, "no_repeat_ngram": 0})
+    constraint.mask(relaxed, step, limits["max_len"])
+    scores[dead] = relaxed[dead]
+    eos = limits["config"].eos_id
+    empty = dead & scores.isneginf().all(dim=-1)
+    scores[:, eos] = torch.where(empty, raw[:, eos], scores[:, eos])
+
+
 def always_masked(config: Any, step: int, min_len: int) -> list[int]:
     """The tokens :func:`constrain` masks in every row at ``step``: PAD, BOS, and EOS before ``min_len``."""
     return [config.pad_id, config.bos_id, *([config.eos_id] if step < min_len else [])]

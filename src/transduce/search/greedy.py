@@ -17,6 +17,7 @@ from transduce.search.common import (
     check_length_penalty,
     constrain,
     final_score,
+    follow_the_constraint,
     gc_paused,
     max_lengths,
     next_token_log_probs,
@@ -76,9 +77,11 @@ def _decode_rows(
             normaliser, best, token = found
             chosen, chosen_lp = token[:, 0], best[:, 0] - normaliser  # (R,)
         else:
-            log_probs = constrain(next_token_log_probs(logits), step, **limits)
+            raw = next_token_log_probs(logits)
+            log_probs = constrain(raw.clone() if constraint is not None else raw, step, **limits)
             if constraint is not None:
                 constraint.mask(log_probs, step, row_limit)
+                follow_the_constraint(log_probs, raw, constraint, step, limits)
             chosen = log_probs.argmax(dim=-1) if pick is None else pick(log_probs)  # (R,)
             chosen_lp = log_probs.gather(1, chosen[:, None]).squeeze(1)
         log_prob += chosen_lp.to(acc)
