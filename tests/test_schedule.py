@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -84,3 +85,25 @@ def test_fused_adam_matches_the_papers_update_by_hand():
         v = b2 * v + (1 - b2) * grad.double() ** 2
         w = w - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
         torch.testing.assert_close(model.weight.detach().double(), w, rtol=1e-6, atol=1e-7)
+
+
+def test_cosine_decay_by_time_decays_over_the_updates_the_pace_fits_into_the_budget():
+    cfg = TrainConfig(schedule="cosine", peak_lr=4e-3, warmup_steps=100, max_steps=10_000, max_minutes=60,
+                      decay_by="time")  # fmt: skip
+    # 599 updates took half the budget: the pace fits 1,198 into it, so update 600 is (600-100)/(1198-100) along
+    assert learning_rate(600, cfg, 128, time_share=0.5) == pytest.approx(2e-3 * (1 + math.cos(math.pi * 500 / 1098)))
+    assert learning_rate(100, cfg, 128, time_share=0.5) == pytest.approx(4e-3)  # warmup is counted in updates
+    assert learning_rate(1199, cfg, 128, time_share=1.0) == 0.0  # the budget is spent: min_lr
+    assert learning_rate(600, cfg, 128, time_share=0.01) == learning_rate(600, replace(cfg, decay_by="steps"), 128)
+    assert learning_rate(600, cfg, 128) == learning_rate(600, replace(cfg, decay_by="steps"), 128)  # no time yet
+
+
+def test_decay_by_time_needs_a_cosine_within_a_time_budget():
+    with pytest.raises(ConfigError, match=r"decay_by: time decays the cosine schedule within train.max_minutes, so it "
+                                          r"needs schedule: cosine and max_minutes > 0 \(got schedule 'cosine', "
+                                          r"max_minutes 0\)"):  # fmt: skip
+        TrainConfig(schedule="cosine", max_steps=5000, decay_by="time")
+    with pytest.raises(ConfigError, match=r"got schedule 'noam', max_minutes 80\)"):
+        TrainConfig(max_minutes=80, decay_by="time")
+    with pytest.raises(ConfigError, match=r"decay_by: 'wall' is not one of 'steps', 'time'"):
+        TrainConfig(decay_by="wall")

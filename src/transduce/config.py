@@ -379,6 +379,10 @@ class TrainConfig(_Section):
     lr_scale: float = 1.0  # multiplier on the noam learning rate
     peak_lr: float = 5e-4  # peak learning rate of the inverse_sqrt, cosine and constant schedules
     min_lr: float = 0.0  # the cosine schedule's learning rate at max_steps
+    # cosine: what the decay runs over. steps: from warmup_steps to max_steps. time: the same, but a run that will
+    # not reach max_steps inside max_minutes decays over the updates its pace so far fits into max_minutes, so that
+    # the rate reaches min_lr when the first of the two limits ends (a wall-time budget on a slower or shared machine)
+    decay_by: str = "steps"
     warmup_steps: int = 4000  # warmup_steps (paper: 4000)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -441,6 +445,11 @@ class TrainConfig(_Section):
                                   f"must exceed warmup_steps ({self.warmup_steps}), got {self.max_steps}")  # fmt: skip
             if self.min_lr > self.peak_lr:
                 raise ConfigError(f"min_lr: must not exceed peak_lr ({self.peak_lr}), got {self.min_lr}")
+        _check_choice("decay_by", self.decay_by, ("steps", "time"))
+        if self.decay_by == "time" and (self.schedule != "cosine" or self.max_minutes <= 0):
+            raise ConfigError(f"decay_by: time decays the cosine schedule within train.max_minutes, so it needs "
+                              f"schedule: cosine and max_minutes > 0 (got schedule {self.schedule!r}, "
+                              f"max_minutes {self.max_minutes:g})")  # fmt: skip
         if not self.init_from:
             for name in ("init_optimizer", "extend_vocab"):
                 if getattr(self, name):

@@ -11,6 +11,12 @@ cosine from ``peak_lr`` down to ``min_lr`` at ``max_steps``,
 fixed budget of updates (it ends with small steps, where inverse_sqrt still takes large ones; raising
 ``max_steps`` when resuming stretches the rest of the curve); ``constant`` is ``peak_lr`` throughout. The schedule
 is a pure function of the step, so its whole state is the step number stored in every checkpoint.
+
+With ``decay_by: time`` the cosine also follows the wall-time budget ``max_minutes``: when ``n`` updates have taken
+a share ``t`` of the budget, the run's pace so far fits ``n / t`` updates into the whole budget, and the cosine
+decays towards ``min(max_steps, n / t)`` instead of ``max_steps``. The rate is then continuous at the end of
+warmup and reaches ``min_lr`` when the budget ends, on a machine of any speed; the curve depends on the wall clock,
+so such a run is not reproducible to the bit (the time share is carried in the checkpoint and agreed between ranks).
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ import torch
 from transduce.config import TrainConfig
 
 
-def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
+def learning_rate(step: int, cfg: TrainConfig, d_model: int, time_share: float = 0.0) -> float:
     """The learning rate of update number ``step`` (1-based: the first update is step 1).
 
     Args:
         step: the update about to be applied, >= 1.
-        cfg: schedule, lr_scale, peak_lr, min_lr, warmup_steps and max_steps.
+        cfg: schedule, lr_scale, peak_lr, min_lr, warmup_steps, max_steps and decay_by.
         d_model: the model width (the noam schedule scales with d_model^-0.5).
+        time_share: with ``decay_by: time``, the share of ``max_minutes`` the ``step - 1`` updates before this one
+            took (0: none measured yet).
     """
     step = max(step, 1)
     warmup = cfg.warmup_steps
@@ -39,7 +47,10 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int) -> float:
     if cfg.schedule == "cosine":
         if step <= warmup:
             return cfg.peak_lr * step / warmup
-        progress = min(1.0, (step - warmup) / (cfg.max_steps - warmup))
+        end = cfg.max_steps
+        if cfg.decay_by == "time" and time_share > 0:
+            end = max(step, min(end, (step - 1) / time_share))  # the updates this pace fits into the budget
+        progress = 1.0 if end <= warmup else min(1.0, (step - warmup) / (end - warmup))
         return cfg.min_lr + (cfg.peak_lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress)) / 2.0
     return cfg.peak_lr  # constant
 

@@ -335,6 +335,8 @@ class _Run:
         interval_loss = interval_tokens = 0.0
         last_valid: ValidResult | None = None
         reason, validated_at = "max_steps", -1
+        if cfg.decay_by == "time":
+            trainer.time_share = elapsed() / (60 * cfg.max_minutes)
         if self.dist.is_main:
             n = f"{self.model.num_parameters():,}"
             self.runlog.info("training %s parameters on %s x%d; run directory %s", n, self.device,
@@ -352,10 +354,12 @@ class _Run:
                     float(signals.received is not None),
                     float(cfg.save_every_minutes > 0 and time.monotonic() - last_save >= 60 * cfg.save_every_minutes),
                     float(cfg.max_minutes > 0 and elapsed() >= 60 * cfg.max_minutes),
+                    elapsed() / (60 * cfg.max_minutes) if cfg.decay_by == "time" else 0.0,
                 ]
 
             result = trainer.train_step([b for _, _, b in group], flags)
             agreed = list(result.flags)
+            trainer.time_share = agreed[3] / self.dist.world_size  # the ranks' mean: the next update's schedule
             speed.add(result.tokens + result.src_tokens)
             if result.overflow:
                 log.info("fp16: gradient overflow at step %d; update skipped, loss scale lowered to %g",

@@ -110,6 +110,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.step = 0  # updates applied
+        self.time_share = 0.0  # decay_by time: the share of max_minutes spent, agreed by the ranks (the loop sets it)
         self.nonfinite_in_row = 0  # consecutive skipped updates
         self.nonfinite_total = 0  # skipped updates in the whole run
         net: nn.Module = self.model
@@ -220,7 +221,7 @@ class Trainer:
             return result
         self.nonfinite_in_row = 0
         self.step += 1
-        result.lr = learning_rate(self.step, self.cfg, self.config.model.d_model)
+        result.lr = learning_rate(self.step, self.cfg, self.config.model.d_model, self.time_share)
         set_learning_rate(self.optimizer, result.lr)
         self.optimizer.step()  # (the gradients are finite: the scaler's own check would read the device again)
         if self.scaler is not None:
