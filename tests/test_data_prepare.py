@@ -245,7 +245,37 @@ def test_invalid_utf8_in_a_test_set_is_replaced_when_skipping(tmp_path, corpus):
 def test_missing_file(tmp_path, corpus):
     with pytest.raises(DataError) as e:
         prepare(config(corpus, valid=str(tmp_path / "nope")), tmp_path / "out")
-    assert str(e.value) == f"{tmp_path / 'nope.en'}: file not found (nor nope.en.gz)"
+    assert str(e.value) == f"{tmp_path / 'nope.en'}: file not found (nor nope.en.gz) (data.valid)"
+
+
+def test_a_missing_multi30k_file_says_how_to_get_it_and_which_override_points_at_it(tmp_path, corpus):
+    where = tmp_path / "shared" / "data" / "multi30k"
+    with pytest.raises(DataError) as e:
+        prepare(config(str(where / "train")), tmp_path / "out")
+    assert str(e.value) == (f"{where / 'train.en'}: file not found (nor train.en.gz); get Multi30k with `transduce "
+                            "download multi30k DIR` and point data.train at it: data.train=DIR/train")  # fmt: skip
+    with pytest.raises(DataError) as e:
+        prepare(config(corpus, test=[str(where / "test_2016_flickr")]), tmp_path / "out")
+    assert str(e.value).endswith("; get Multi30k with `transduce download multi30k DIR` and point data.test at it: "
+                                 "data.test=[DIR/test_2016_flickr]")  # fmt: skip
+
+
+def test_the_recipes_without_their_data_say_how_to_get_it(tmp_path, monkeypatch, capsys):
+    from transduce.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)  # where ../shared/data does not exist
+    expected = {
+        "multi30k_en_de.yaml": "../shared/data/multi30k/train.en: file not found (nor train.en.gz); get Multi30k with "
+        "`transduce download multi30k DIR` and point data.train at it: data.train=DIR/train",
+        "ptb_parse.yaml": "../shared/data/ptb_sample/wsj_0001-0169.mrg.tar.gz: treebank not found (a .mrg file, a "
+        "directory of them, a .tar.gz or a .zip); get the Penn Treebank sample with `transduce download ptb-sample "
+        "DIR` and point data.train at it: data.train=DIR/treebank.zip:wsj_0001-wsj_0139",
+    }
+    for recipe, message in expected.items():
+        assert main(["train", str(root / "configs" / recipe), "train.run_dir=run"]) == 2
+        assert capsys.readouterr().err == f"transduce train: error: {message}\n"
+        assert not (tmp_path / "run").exists()
 
 
 def test_empty_corpus(tmp_path):

@@ -35,6 +35,28 @@ class DownloadError(TransduceError):
     """A file could not be fetched or is damaged."""
 
 
+def missing_corpus_hint(key: str, spec: str | list[str]) -> str:
+    """What to add to the error about a missing corpus file of the data section's ``key`` (``data.train``) naming
+    ``spec``: for the datasets :func:`download` fetches (the recipes read them from ``../shared/data``), how to get
+    them and the override that points at them; else the key.
+
+    Args:
+        key: the dotted key (``data.train``, ``data.valid``, ``data.mix``, ``data.test``).
+        spec: its value; for ``data.test``, the entry that is missing.
+    """
+    text = spec if isinstance(spec, str) else " ".join(spec)
+    lowered = text.lower()
+    if "multi30k" in lowered and isinstance(spec, str):
+        dataset, what, target = "multi30k", "Multi30k", f"DIR/{Path(spec).name}"
+    elif "ptb" in lowered or "treebank" in lowered or ".mrg" in lowered:
+        span = text.rpartition(":")[2] if ":" in text else ""  # a treebank's FIRST-LAST file range, kept
+        dataset, what, target = "ptb-sample", "the Penn Treebank sample", "DIR/treebank.zip" + (":" + span) * bool(span)
+    else:
+        return f" ({key})"
+    value = f"[{target}]" if key == "data.test" else target
+    return f"; get {what} with `transduce download {dataset} DIR` and point {key} at it: {key}={value}"
+
+
 def multi30k_files(langs: tuple[str, ...] | None = None) -> list[str]:
     """File names of Multi30k task 1 in the given languages (all four when None)."""
     if langs:

@@ -56,6 +56,7 @@ from transduce.data.encode import (
     init_worker,
 )
 from transduce.data.output import install, make_temp_dir, read_json, write_json
+from transduce.download import missing_corpus_hint
 from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
 from transduce.textio import line_count_error, scan_text, sha256_file
@@ -362,13 +363,22 @@ def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
         raise DataError("no training corpus: set data.train (--train PREFIX|FILE.tsv|FILE.jsonl, or --src-file and "
                         "--tgt-file)")  # fmt: skip
     fields = (cfg.src_field, cfg.tgt_field)
-    corpora = {"train": resolve_corpus(cfg.train, cfg.src_lang, cfg.tgt_lang, fields)}
+
+    def resolve(key: str, spec: str | list[str]) -> Corpus:
+        try:
+            return resolve_corpus(spec, cfg.src_lang, cfg.tgt_lang, fields)
+        except DataError as e:
+            if "not found" not in str(e):
+                raise
+            raise DataError(f"{e}{missing_corpus_hint(key, spec)}") from None
+
+    corpora = {"train": resolve("data.train", cfg.train)}
     if cfg.mix:
-        corpora[MIX_SPLIT] = resolve_corpus(cfg.mix, cfg.src_lang, cfg.tgt_lang, fields)
+        corpora[MIX_SPLIT] = resolve("data.mix", cfg.mix)
     if cfg.valid:
-        corpora["valid"] = resolve_corpus(cfg.valid, cfg.src_lang, cfg.tgt_lang, fields)
+        corpora["valid"] = resolve("data.valid", cfg.valid)
     for spec in cfg.test:
-        corpus = resolve_corpus(spec, cfg.src_lang, cfg.tgt_lang, fields)
+        corpus = resolve("data.test", spec)
         name = split_name(spec, corpus)
         if name in corpora:
             raise DataError(f"test set {corpus}: the split name {name!r} is already taken; rename the files")

@@ -26,6 +26,8 @@ import sentencepiece as spm
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE
 from transduce.data.output import write_json
+from transduce.download import missing_corpus_hint
+from transduce.errors import DataError
 from transduce.parsing.linearize import linearise
 from transduce.parsing.trees import Tree, read_treebank, split_spec
 from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
@@ -93,7 +95,15 @@ def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
     for spec in cfg.test:
         splits[split_name(spec)] = spec
     prefixes = {}
-    trees_of = {name: read_treebank(spec) for name, spec in splits.items()}
+    trees_of = {}
+    for name, spec in splits.items():
+        try:
+            trees_of[name] = read_treebank(spec)
+        except DataError as e:
+            if "not found" not in str(e):
+                raise
+            key = f"data.{name}" if name in ("train", "valid") else "data.test"
+            raise DataError(f"{e}{missing_corpus_hint(key, spec)}") from None
     known = None
     if cfg.tree_leaves == "word" and cfg.tree_min_count > 1:
         counts = Counter(word for tree in trees_of["train"] for word in tree.words())
