@@ -60,9 +60,10 @@ def base_config(args: argparse.Namespace, data: Path) -> Config:
             "train.max_tokens=256", "train.threads=1",
         ])  # fmt: skip
     return Config.load(ROOT / "configs" / "multi30k_en_de.yaml", overrides=[
-        f"data.train={data / 'train'}", f"data.valid={data / 'val'}", "model.preset=base", "model.norm=post",
-        "model.dropout=0.1", "train.max_tokens=4096", "train.valid_max_sentences=200", "train.threads=0",
-        "train.schedule=inverse_sqrt", "train.peak_lr=7e-4", "train.warmup_steps=100", "train.max_minutes=0",
+        f"data.train={data / 'train'}", f"data.valid={data / 'val'}", "data.test=[]", "model.preset=base",
+        "model.d_model=512", "model.d_ff=2048", "model.norm=post", "model.dropout=0.1", "train.max_tokens=4096",
+        "train.valid_max_sentences=200", "train.threads=0", "train.decay_by=steps", "train.schedule=inverse_sqrt",
+        "train.peak_lr=7e-4", "train.warmup_steps=100", "train.max_minutes=0",
     ])  # fmt: skip
 
 

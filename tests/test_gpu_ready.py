@@ -478,3 +478,20 @@ def test_prefetch_yields_the_source_in_order_raises_its_errors_and_stops():
     next(it)
     it.close()
     assert threading.active_count() == before
+
+
+def test_gpu_check_reads_every_corpus_from_its_data_directory(tmp_path, monkeypatch):
+    """The GPU half trains the base model on --data alone: no corpus of the Multi30k config (its test set under
+    ../shared) may be read from anywhere else, and the config's time-budget schedule does not apply."""
+    import argparse
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_check
+
+    config = gpu_check.base_config(argparse.Namespace(cpu=False), tmp_path)
+    assert (config.data.train, config.data.valid, config.data.test) == (str(tmp_path / "train"),
+                                                                        str(tmp_path / "val"), [])  # fmt: skip
+    model = config.model
+    assert (model.encoder_layers, model.d_model, model.d_ff, model.heads, model.norm) == (6, 512, 2048, 8, "post")
+    assert (config.train.schedule, config.train.max_minutes) == ("inverse_sqrt", 0.0)
