@@ -1,12 +1,14 @@
 """BPE-dropout (data.bpe_dropout): every epoch a new, reproducible segmentation of the same text; batches that
 cover every pair once per epoch on every rank; exact resume; clear errors where it cannot apply."""
 
+import logging
 import signal
 
 import numpy as np
 import pytest
 import torch
 
+import transduce.train as train_module
 from test_train import _cfg, _drive, _losses, _weights
 from trainkit import toy_config, write_corpus
 from transduce.config import Config, ConfigError
@@ -105,6 +107,40 @@ def test_training_data_with_bpe_dropout(data):
     assert plain.src_lengths.tolist() == train.src_lengths.tolist()  # before any epoch: the prepared segmentation
     batch = next(sampler.iter_from(3))
     assert [dataset[i][0].tolist() for i in batch] == [sampler.segment(3)[0][i] for i in batch]
+
+
+def test_a_pair_made_longer_than_max_len_keeps_its_prepared_segmentation(data, caplog):
+    _, prepared = data
+    train = ParallelDataset(prepared, "train")
+    limit = int(max(train.src_lengths.max(), train.tgt_lengths.max()))  # every prepared pair fits
+    src, tgt = _epochs(prepared, dropout=0.5).segment(1)
+    over = [i for i in range(len(train)) if max(len(src[i]), len(tgt[i])) > limit]
+    assert over  # dropout 0.5 makes some pairs longer than the limit
+    bounded = _epochs(prepared, dropout=0.5, max_len=limit)
+    b_src, b_tgt = bounded.segment(1)
+    for i in range(len(train)):
+        expected = (train[i][0].tolist(), train[i][1].tolist()) if i in over else (src[i], tgt[i])
+        assert (b_src[i], b_tgt[i]) == expected
+    with caplog.at_level(logging.INFO, logger="transduce.data.bpe_dropout"):
+        batches = list(bounded.iter_from(1))
+    assert max(bounded.src_lengths.max(), bounded.tgt_lengths.max()) <= limit
+    assert sorted(i for batch in batches for i in batch) == list(range(len(train)))  # none skipped
+    assert caplog.messages[-1].endswith(f"; {len(over)} pairs it made longer than data.max_len={limit} keep their "
+                                        "prepared segmentation")  # fmt: skip
+
+
+def test_training_takes_the_length_limit_from_data_max_len(data, tmp_path, monkeypatch):
+    seen = {}
+
+    def stop(*args, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "training_data", stop)
+    config = Config.resolve(_cfg(data, tmp_path / "run", max_steps=1).to_dict(), ["data.bpe_dropout=0.2"])
+    with pytest.raises(KeyboardInterrupt):
+        train(config)
+    assert (seen["bpe_dropout"], seen["max_len"]) == (0.2, config.data.max_len)
 
 
 def test_a_unigram_vocabulary_is_refused(data, tmp_path):

@@ -211,7 +211,7 @@ class _Run:
         self.train_data, self.sampler, self.main_sampler = training_data(
             self.prepared, self.cfg.max_tokens, self.config.data.mix_share,
             seed=self.cfg.seed, rank=dist.rank, world_size=dist.world_size,
-            bpe_dropout=self.config.data.bpe_dropout, tokenizer=self.tokenizer,
+            bpe_dropout=self.config.data.bpe_dropout, tokenizer=self.tokenizer, max_len=self.config.data.max_len,
         )  # fmt: skip
         self.valid_data = ParallelDataset(self.prepared, "valid") if "valid" in self._splits() else None
         self.references, self.reference_kind = (None, "")

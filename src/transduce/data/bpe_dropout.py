@@ -14,7 +14,9 @@ epoch. Translation and validation segment deterministically, as always.
   (:class:`~transduce.data.sampler.TokenBatchSampler`).
 
 An epoch's segmentation is a pure function of ``(seed, epoch)``, the same on every rank, so that resuming is exact
-and data-parallel ranks agree on the batches.
+and data-parallel ranks agree on the batches. It stays within ``data.max_len`` (the limit the prepared pairs were
+cleaned by, and what a learned position table is sized for): a pair that dropout makes longer keeps its prepared
+segmentation in that epoch, and the epoch's log line counts them.
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ class BPEDropoutEpochs:
         tokenizer: its vocabulary; each side must be a SentencePiece BPE model.
         dropout: the probability of skipping a merge, in (0, 1).
         max_tokens, seed, rank, world_size: as for :class:`~transduce.data.sampler.TokenBatchSampler`.
+        max_len: the most pieces a side may have (``data.max_len``); a pair that dropout makes longer keeps its
+            prepared segmentation. 0: no limit.
 
     Raises:
         DataError: the vocabulary is not BPE.
@@ -132,7 +136,7 @@ class BPEDropoutEpochs:
 
     def __init__(
         self, dataset: ParallelDataset, tokenizer: Tokenizer, dropout: float, max_tokens: int, *, seed: int,
-        rank: int = 0, world_size: int = 1,
+        rank: int = 0, world_size: int = 1, max_len: int = 0,
     ) -> None:  # fmt: skip
         if not 0.0 < dropout < 1.0:
             raise ValueError(f"dropout must be in (0, 1), got {dropout}")
@@ -147,7 +151,8 @@ class BPEDropoutEpochs:
                                 "BPE-dropout needs a BPE one (data.vocab_type: bpe)")  # fmt: skip
         self.src_bpe = BPEDropout(src_proto)
         self.tgt_bpe = self.src_bpe if tgt_proto == src_proto else BPEDropout(tgt_proto)
-        self.dropout = dropout
+        self.dropout, self.max_len = dropout, max_len
+        self.prepared = dataset  # a too-long pair's segmentation
         self.max_tokens, self.seed, self.rank, self.world_size = max_tokens, seed, rank, world_size
         self.dataset = SegmentedPairs([dataset[i] for i in range(len(dataset))])
         self.src_text = [tokenizer.decode_src(src) for src, _ in self.dataset.pairs]
@@ -162,14 +167,26 @@ class BPEDropoutEpochs:
 
     def segment(self, epoch: int) -> tuple[list[list[int]], list[list[int]]]:
         """The source and target ids of every pair in ``epoch``'s segmentation (the same on every call)."""
+        return self._segment(epoch)[:2]
+
+    def _segment(self, epoch: int) -> tuple[list[list[int]], list[list[int]], int]:
+        """:meth:`segment`, and how many pairs kept their prepared segmentation (dropout made them too long)."""
         rng = np.random.default_rng([self.seed, epoch])
         src = self.src_bpe.encode(self.src_text, self.dropout, rng)
-        return src, self.tgt_bpe.encode(self.tgt_text, self.dropout, rng)
+        tgt = self.tgt_bpe.encode(self.tgt_text, self.dropout, rng)
+        too_long = 0
+        if self.max_len:
+            for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
+                if len(s) > self.max_len or len(t) > self.max_len:
+                    prepared = self.prepared[i]
+                    src[i], tgt[i] = prepared[0].tolist(), prepared[1].tolist()
+                    too_long += 1
+        return src, tgt, too_long
 
     def _enter(self, epoch: int) -> None:
         if epoch == self.epoch:
             return
-        src, tgt = self.segment(epoch)
+        src, tgt, too_long = self._segment(epoch)
         self.dataset.pairs = [(np.asarray(s, np.int64), np.asarray(t, np.int64)) for s, t in zip(src, tgt, strict=True)]
         src_lengths = np.fromiter(map(len, src), np.int64, len(src))
         tgt_lengths = np.fromiter(map(len, tgt), np.int64, len(tgt))
@@ -177,8 +194,10 @@ class BPEDropoutEpochs:
         self.epoch = epoch
         more = (src_lengths.sum() + tgt_lengths.sum()) / max(1, self.prepared_pieces) - 1
         if self.rank == 0:  # (every rank segments the same way)
-            log.info("epoch %d: BPE-dropout %g segments the training pairs into %.1f%% more pieces, %d batches",
-                     epoch, self.dropout, 100 * more, self._sampler.num_batches)  # fmt: skip
+            kept = (f"; {too_long} pairs it made longer than data.max_len={self.max_len} keep their prepared "
+                    "segmentation") if too_long else ""  # fmt: skip
+            log.info("epoch %d: BPE-dropout %g segments the training pairs into %.1f%% more pieces, %d batches%s",
+                     epoch, self.dropout, 100 * more, self._sampler.num_batches, kept)  # fmt: skip
 
     def iter_from(self, epoch: int, position: int = 0) -> Iterator[list[int]]:
         """This rank's batches of ``epoch`` (segmented for it), skipping the first ``position``."""

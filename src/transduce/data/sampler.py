@@ -311,7 +311,7 @@ class ConcatPairs:
 
 def training_data(
     prepared, max_tokens: int, mix_share: float, *, seed: int, rank: int = 0, world_size: int = 1,
-    bpe_dropout: float = 0.0, tokenizer=None,
+    bpe_dropout: float = 0.0, tokenizer=None, max_len: int = 0,
 ) -> tuple[ParallelDataset | ConcatPairs, TokenBatchSampler | MixedBatchSampler, TokenBatchSampler]:  # fmt: skip
     """The training split of a prepared directory and its batches: ``(dataset, sampler, main sampler)``.
 
@@ -319,7 +319,8 @@ def training_data(
     (:class:`MixedBatchSampler`; the training pairs' batches get ``max_tokens * (1 - mix_share)``), and the dataset
     covers both; else the sampler is the main one. With ``bpe_dropout`` > 0 the training pairs are segmented anew
     every epoch with ``tokenizer`` (:class:`transduce.data.bpe_dropout.BPEDropoutEpochs`; the mixed-in pairs keep
-    their prepared segmentation); the main sampler returned is then the one of the prepared segmentation.
+    their prepared segmentation; a pair that it makes longer than ``max_len`` pieces keeps its prepared one); the
+    main sampler returned is then the one of the prepared segmentation.
     """
     train = ParallelDataset(prepared, "train")
     budget = max(1, int(max_tokens * (1 - mix_share)))
@@ -328,7 +329,7 @@ def training_data(
         from transduce.data.bpe_dropout import BPEDropoutEpochs  # (it builds on this module)
 
         main: Any = BPEDropoutEpochs(train, tokenizer, bpe_dropout, budget, seed=seed, rank=rank,
-                                     world_size=world_size)  # fmt: skip
+                                     world_size=world_size, max_len=max_len)  # fmt: skip
         dataset, plain = main.dataset, main.sampler
     else:
         main = plain = TokenBatchSampler(train.src_lengths, train.tgt_lengths, budget, seed=seed, rank=rank,
