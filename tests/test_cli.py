@@ -78,7 +78,7 @@ def test_beam_below_one_is_refused_by_every_verb(verb, beam, capsys):
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(argv)
     assert info.value.code == 2
-    assert capsys.readouterr().err.endswith(f"{verb}: error: argument --beam: must be >= 1, got {beam}\n")
+    assert capsys.readouterr().err == f"transduce {verb}: --beam must be >= 1 (got {beam})\n"
 
 
 def test_report_and_nbest_counts_below_one_are_refused(capsys):
@@ -86,19 +86,124 @@ def test_report_and_nbest_counts_below_one_are_refused(capsys):
                          "--nbest"), (["average", "--model", "r", "--last", "0"], "--last")):  # fmt: skip
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
-        assert capsys.readouterr().err.endswith(f"error: argument {option}: must be >= 1, got 0\n")
+        assert capsys.readouterr().err == f"transduce {argv[0]}: {option} must be >= 1 (got 0)\n"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["translate", "--model", "m", "--beam", "four"])
-    assert capsys.readouterr().err.endswith("error: argument --beam: expected an integer >= 1, got 'four'\n")
+    assert capsys.readouterr().err == "transduce translate: --beam must be an integer >= 1 (got 'four')\n"
 
 
 def test_unrecognized_arguments_are_still_refused(capsys):
     with pytest.raises(SystemExit):
         main(["prepare", "--train", "t", "data.max_len=3", "--bogus"])
-    assert capsys.readouterr().err.endswith("transduce: error: unrecognized arguments: --bogus\n")
+    assert capsys.readouterr().err == "transduce prepare: unrecognized arguments: --bogus\n"
     with pytest.raises(SystemExit):
         main(["translate", "--model", "m", "stray"])
-    assert capsys.readouterr().err.endswith("transduce: error: unrecognized arguments: stray\n")
+    assert capsys.readouterr().err == "transduce translate: unrecognized arguments: stray\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["translate", "--threads", "-1"], "--threads must be >= 0 (got -1)"),
+        (["translate", "--max-len-b", "-1"], "--max-len-b must be >= 0 (got -1)"),
+        (["translate", "--max-tokens", "0"], "--max-tokens must be >= 1 (got 0)"),
+        (["translate", "--nbest", "0"], "--nbest must be >= 1 (got 0)"),
+        (["translate", "--top-p", "1.5"], "--top-p must be in (0, 1] (got 1.5)"),
+        (["translate", "--temperature", "0"], "--temperature must be > 0 (got 0)"),
+        (["translate", "--length-penalty", "nan"], "--length-penalty must be >= 0 (got nan)"),
+        (["evaluate", "--min-len", "-3"], "--min-len must be >= 0 (got -3)"),
+        (["serve", "--port", "70000"], "--port must be between 0 and 65535 (got 70000)"),
+        (["serve", "--port", "-1"], "--port must be between 0 and 65535 (got -1)"),
+        (["serve", "--max-sentences", "0"], "--max-sentences must be >= 1 (got 0)"),
+        (["serve", "--batch-wait-ms", "-5"], "--batch-wait-ms must be >= 0 (got -5)"),
+    ],
+)
+def test_out_of_range_options_are_one_line_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:  # before any model is loaded: "missing" does not exist
+        main([*argv, "--model", "missing", "--ref", "r"] if argv[0] == "evaluate" else [*argv, "--model", "missing"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"transduce {argv[0]}: {message}\n"
+
+
+def test_decoding_errors_found_by_the_config_name_the_option_given():
+    from transduce.commands.translate import decode_config
+    from transduce.config import ConfigError, DecodeConfig
+
+    args = build_parser().parse_args(["translate", "--model", "m"])
+    args.top_p = 1.5  # past argparse's check, as a caller of decode_config could give it
+    with pytest.raises(ConfigError, match=r"^--top-p: must be in \(0, 1\], got 1.5$"):
+        decode_config(args, DecodeConfig())
+
+
+def test_an_unknown_option_after_a_verb_is_reported_by_that_verb_with_the_closest_option(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["translate", "--model", "m", "--beams", "3"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "transduce translate: unrecognized arguments: --beams 3; did you mean --beam?\n"
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--hyp", "h", "--ref", "r", "--bogus"])
+    assert capsys.readouterr().err == "transduce evaluate: unrecognized arguments: --bogus\n"
+
+
+def test_a_missing_or_unknown_verb_is_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert (
+        info.value.code == 2 and capsys.readouterr().err == "transduce: the following arguments are required: COMMAND\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["translat"])
+    err = capsys.readouterr().err
+    assert err.startswith("transduce: COMMAND: invalid choice: 'translat' (choose from ") and err.count("\n") == 1
+
+
+def test_verbose_and_quiet_are_accepted_before_and_after_the_verb(capsys):
+    parser = build_parser()
+    for argv, verbose, quiet in (
+        (["translate", "--model", "m"], False, False),
+        (["-v", "translate", "--model", "m"], True, False),
+        (["translate", "--model", "m", "-v"], True, False),
+        (["translate", "-q", "--model", "m"], False, True),
+        (["--quiet", "prepare"], False, True),
+        (["train", "c.yaml", "--verbose"], True, False),
+    ):
+        args = parser.parse_args(argv)
+        assert (args.verbose, args.quiet) == (verbose, quiet), argv
+    with pytest.raises(SystemExit) as info:
+        main(["-v", "translate", "--model", "m", "-q"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "transduce translate: -v/--verbose and -q/--quiet exclude each other\n"
+
+
+def test_quiet_after_the_verb_leaves_only_warnings_on_stderr(checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a dog.\n", encoding="utf-8")
+    argv = [sys.executable, "-m", "transduce.cli", "translate", "--model", str(checkpoint), "-i", str(src)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    loud = subprocess.run([*argv, "--threads", "1"], capture_output=True, text=True, env=env, timeout=120)
+    quiet = subprocess.run([*argv, "--threads", "1", "-q"], capture_output=True, text=True, env=env, timeout=120)
+    assert loud.returncode == quiet.returncode == 0
+    assert "INFO transduce.checkpoint: loaded" in loud.stderr and quiet.stderr == ""
+    assert quiet.stdout == loud.stdout and quiet.stdout.count("\n") == 1
+
+
+def test_a_port_in_use_is_refused_before_the_model_is_loaded(capsys):
+    pytest.importorskip("uvicorn")
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--model", "missing", "--port", str(port)]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce serve: error: cannot listen on 127.0.0.1:{port}: the port is in use (another server?); "
+        "choose another with --port\n"
+    )
+    assert main(["serve", "--model", "missing", "--host", "no-such-host.invalid"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("transduce serve: error: --host no-such-host.invalid: not an address of this machine (")
+    assert err.count("\n") == 1
 
 
 def test_version(capsys):

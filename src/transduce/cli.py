@@ -4,9 +4,12 @@ functions, ``add_arguments(parser)`` and ``run(args) -> int``; all logic is in t
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
+import re
 import sys
+from typing import NoReturn
 
 from transduce import __version__
 from transduce.errors import TransduceError
@@ -29,9 +32,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors and no usage block: ``transduce translate: --beam must be >= 1 (got
+    0)``, exit status 2. A verb's parser names the verb (its ``prog`` is ``transduce VERB``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {_one_line(message)}\n")
+
+
+def _one_line(message: str) -> str:
+    """argparse's ``argument --beam: must be >= 1 (got 0)`` as ``--beam must be >= 1 (got 0)``; other messages
+    keep the option's name in front (``--length-norm: invalid choice: ...``)."""
+    match = re.fullmatch(r"argument (\S+): (.*)", message, re.S)
+    if match:
+        name, reason = match.groups()
+        message = f"{name} {reason}" if reason.startswith("must ") else f"{name}: {reason}"
+    return " ".join(message.split())
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """-v/--verbose and -q/--quiet, accepted before the verb (``default``: False) and after it (``SUPPRESS``, so
+    that a verb's parser does not reset what was given before the verb)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="store_true", default=default, help="debug logging")
+    group.add_argument("-q", "--quiet", action="store_true", default=default, help="warnings and errors only")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transduce", description="Transformer sequence transduction toolkit")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = CommandParser(prog="transduce", description="Transformer sequence transduction toolkit")
+    _add_logging_options(parser, False)
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
@@ -43,8 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         mod.add_arguments(p)
-        p.set_defaults(_module=mod)
+        _add_logging_options(p, argparse.SUPPRESS)
+        p.set_defaults(_module=mod, _parser=p)
     return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """``unrecognized arguments: --beams 3; did you mean --beam?`` (the hint for the first unknown option)."""
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    options = [s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings]
+    first = next((x.split("=")[0] for x in extra if x.startswith("--")), None)
+    close = difflib.get_close_matches(first, options, n=1, cutoff=0.7) if first else []
+    return f"{message}; did you mean {close[0]}?" if close else message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     # arguments in one run, so later ones come back unparsed; they are overrides all the same
     if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = [*args.overrides, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # left over by the verb's parser (argparse hands them up): the verb reports them
+        args._parser.error(_unrecognized(args._parser, extra))
+    if args.verbose and args.quiet:  # one before the verb, the other after it
+        args._parser.error("-v/--verbose and -q/--quiet exclude each other")
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 
@@ -22,12 +23,49 @@ def hidden_alias(parser: Any, option: str, dest: str) -> None:
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1 (a beam, a count of hypotheses, a token budget)."""
+    return _bounded(int, text, 1, None)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (a length bonus, an n-gram size where 0 is off, a thread count)."""
+    return _bounded(int, text, 0, None)
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0-65535 (0: any free port)."""
+    return _bounded(int, text, 0, 65535)
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a length penalty, a length factor, a wait)."""
+    return _bounded(float, text, 0, None)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a temperature, a time budget)."""
+    return _bounded(float, text, 0, None, open_low=True)
+
+
+def probability(text: str) -> float:
+    """An argparse type: a number in (0, 1] (nucleus sampling's mass)."""
+    return _bounded(float, text, 0, 1, open_low=True)
+
+
+def _bounded(kind: type, text: str, low: float, high: float | None, *, open_low: bool = False) -> Any:
+    """``kind(text)`` if it is finite and within ``[low, high]`` (``(low, high]`` with ``open_low``); else the
+    one-line reason for argparse, which the CLI prints after the option's name: ``--beam must be >= 1 (got 0)``."""
+    if high is None:
+        bounds = f"> {low}" if open_low else f">= {low}"
+    else:
+        bounds = f"in ({low}, {high}]" if open_low else f"between {low} and {high}"
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        noun = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {noun} {bounds} (got {text!r})") from None
+    below = value <= low if open_low else value < low
+    if not math.isfinite(value) or below or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be {bounds} (got {text})")
     return value
 
 

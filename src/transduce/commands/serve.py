@@ -16,8 +16,11 @@ lengths. Needs the serve extra: pip install 'transduce[serve]'.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 
+from transduce.commands.options import non_negative_float, port_number, positive_int
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 from transduce.errors import TransduceError
 
@@ -28,15 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    g.add_argument("--max-sentences", type=int, default=64, metavar="N", help="sentences per request (default: 64)")
-    g.add_argument("--max-chars", type=int, default=1000, metavar="N", help="characters per sentence (default: 1000)")
-    g.add_argument("--max-body-bytes", type=int, default=1_000_000, metavar="N", help="request body size")
-    g.add_argument("--max-beam", type=int, default=16, metavar="K", help="largest beam a request may ask for")
+    g.add_argument("--port", type=port_number, default=8000, help="port, 0-65535 (default: 8000; 0: any free port)")
     g.add_argument(
-        "--batch-wait-ms", type=float, default=5.0, metavar="MS", help="batching window after a request (default: 5)"
+        "--max-sentences", type=positive_int, default=64, metavar="N", help="sentences per request (default: 64)"
     )
-    g.add_argument("--max-batch-sentences", type=int, default=256, metavar="N", help="sentences per batch")
+    g.add_argument(
+        "--max-chars", type=positive_int, default=1000, metavar="N", help="characters per sentence (default: 1000)"
+    )
+    g.add_argument("--max-body-bytes", type=positive_int, default=1_000_000, metavar="N", help="request body size")
+    g.add_argument("--max-beam", type=positive_int, default=16, metavar="K", help="largest beam a request may ask for")
+    g.add_argument(
+        "--batch-wait-ms", type=non_negative_float, default=5.0, metavar="MS",
+        help="batching window after a request (default: 5)",
+    )  # fmt: skip
+    g.add_argument("--max-batch-sentences", type=positive_int, default=256, metavar="N", help="sentences per batch")
     g.add_argument("--no-access-log", action="store_true", help="do not log every request")
 
 
@@ -48,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install 'transduce[serve]'"
         ) from e
 
+    check_address(args.host, args.port)  # before the model is loaded: a busy port should not cost the loading
     translator = load_translator(args)
     translator.decode = decode_config(args, translator.decode)
     try:
@@ -69,3 +78,28 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise TransduceError(str(e)) from None
     return 0
+
+
+def check_address(host: str, port: int) -> None:
+    """Fail in one line when the server could not listen on ``host:port``: an unknown host, a port in use or one
+    that needs privileges. Binds a socket as uvicorn does (``SO_REUSEADDR``) and closes it at once.
+
+    Raises:
+        TransduceError: naming the address and the reason.
+    """
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise TransduceError(f"--host {host}: not an address of this machine ({e})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                reason = "the port is in use (another server?); choose another with --port"
+            else:
+                reason = e.strerror or str(e)
+            raise TransduceError(f"cannot listen on {shown}: {reason}") from None

@@ -24,8 +24,15 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from transduce.commands.options import add_output_argument, positive_int
-from transduce.config import LENGTH_NORMS, DecodeConfig
+from transduce.commands.options import (
+    add_output_argument,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
+from transduce.config import LENGTH_NORMS, ConfigError, DecodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +75,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "the models' probabilities; one vocabulary; the first model's decoding settings)",
     )  # fmt: skip
     add_device_arguments(parser)
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0: torch's default")
+    parser.add_argument(
+        "--threads", type=non_negative_int, default=0, help="torch intra-op threads; 0: torch's default"
+    )
     parser.add_argument(
         "--max-input-tokens",
         type=positive_int,
@@ -82,23 +91,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("decoding (default: the run's decode config)")
     g.add_argument("--beam", type=positive_int, metavar="K", help="beam size; 1 is greedy")
-    g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="length penalty alpha; 0: off")
+    g.add_argument("--length-penalty", type=non_negative_float, metavar="ALPHA", help="length penalty alpha; 0: off")
     g.add_argument(
         "--length-norm", choices=LENGTH_NORMS,
         help="the penalty's form: gnmt ((5 + |Y|) / 6) ** ALPHA (the paper's) or length |Y| ** ALPHA (fairseq's)",
     )  # fmt: skip
-    g.add_argument("--max-len-a", type=float, metavar="A", help="maximum output length = A * input length + B")
-    g.add_argument("--max-len-b", type=int, metavar="B")
-    g.add_argument("--min-len", type=int, metavar="N", help="no EOS before N tokens")
-    g.add_argument("--no-repeat-ngram", type=int, metavar="N", help="block repeated n-grams of size N")
+    g.add_argument(
+        "--max-len-a", type=non_negative_float, metavar="A", help="maximum output length = A * input length + B"
+    )
+    g.add_argument("--max-len-b", type=non_negative_int, metavar="B")
+    g.add_argument("--min-len", type=non_negative_int, metavar="N", help="no EOS before N tokens")
+    g.add_argument("--no-repeat-ngram", type=non_negative_int, metavar="N", help="block repeated n-grams of size N")
     g.add_argument(
         "--early-stopping", action="store_true", default=None,
         help="beam search: stop a sentence at K finished hypotheses (faster; fairseq's and CTranslate2's rule)",
     )  # fmt: skip
     g.add_argument("--sampling", action="store_true", default=None, help="sample instead of beam search")
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
+    g.add_argument("--temperature", type=positive_float)
+    g.add_argument("--top-k", type=non_negative_int)
+    g.add_argument("--top-p", type=probability)
     g.add_argument(
         "--max-tokens", type=positive_int, metavar="N", help="token budget of a batch (sentences x beam x length)"
     )
@@ -116,7 +127,14 @@ def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
             changes[field] = value
     if changes["nbest"] > changes.get("beam", base.beam) and not changes.get("sampling", base.sampling):
         changes["beam"] = changes["nbest"]  # --nbest 8 alone widens the beam rather than failing
-    return base.replace(**changes)
+    try:
+        return base.replace(**changes)
+    except ConfigError as e:  # name the option that was given ("--top-p: ..."), not the config field ("top_p: ...")
+        field, _, reason = str(e).partition(": ")
+        given = {f: o for o, f in _DECODE_OPTIONS.items() if getattr(args, o, None) is not None}
+        if field not in given:
+            raise
+        raise ConfigError(f"--{given[field].replace('_', '-')}: {reason}") from None
 
 
 def load_translator(args: argparse.Namespace):
@@ -152,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transduce.translate import read_source_lines
 
+    check_input(args.input, replace_invalid=args.replace_invalid)
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode)
     terminal = args.input == "-" and _is_terminal(sys.stdin)
@@ -172,6 +191,28 @@ def run(args: argparse.Namespace) -> int:
         out.flush()
     log.info("translated %d lines", count)
     return 0
+
+
+def check_input(path: str, *, replace_invalid: bool = False) -> None:
+    """Refuse an input file that cannot be translated before the model is loaded: missing, a directory, or not
+    UTF-8 (one pass in 1 MiB blocks). Standard input, pipes and devices are read as they come.
+
+    Raises:
+        DataError: naming the file (and the first line that is not UTF-8).
+    """
+    from transduce.errors import DataError
+    from transduce.textio import scan_text
+
+    if path == "-":
+        return
+    if Path(path).is_dir():
+        raise DataError(f"{path}: is a directory, not a text file")
+    if not Path(path).exists():
+        raise DataError(f"{path}: file not found")
+    if Path(path).is_file():
+        invalid = scan_text(path).first_invalid
+        if invalid and not replace_invalid:
+            raise DataError(f"{invalid}; use --replace-invalid to translate it with U+FFFD in place")
 
 
 def format_text(index: int, translations: list) -> str:
