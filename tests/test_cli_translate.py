@@ -157,3 +157,45 @@ def test_decoding_options_override_the_run_config():
     parser.add_argument("--nbest", type=int)  # translate's own option
     assert decode_config(parser.parse_args(["--model", "m", "--beam", "2"]), wide) == DecodeConfig(beam=2, nbest=1)
     assert decode_config(parser.parse_args(["--model", "m", "--nbest", "6"]), wide) == DecodeConfig(beam=6, nbest=6)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--temperature", "0.5"], "--temperature applies to sampling only, and this search does not sample: add "
+                                   "--sampling (or leave the option out)"),
+        (["--beam", "1", "--top-k", "5"], "--top-k applies to sampling only, and this search does not sample: add "
+                                          "--sampling (or leave the option out)"),
+        (["--seed", "3"], "--seed applies to sampling only, and this search does not sample: add --sampling (or "
+                          "leave the option out)"),
+        (["--nbest", "5", "--beam", "2"], "--nbest 5 asks for more translations than --beam 2 keeps: give --beam of "
+                                          "at least --nbest, or leave --beam out"),
+    ],
+)  # fmt: skip
+def test_decoding_options_that_would_change_nothing_or_be_overridden_are_refused(
+    checkpoint, tmp_path, capsys, options, message
+):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a dog.\n", encoding="utf-8")
+    argv = ["translate", "--model", str(checkpoint), "-i", str(src), "-o", str(out), "--device", "cpu", *options]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("transduce translate: ") and line.endswith(message)
+    assert not out.exists()
+
+
+def test_sampling_options_are_accepted_with_sampling_from_the_command_line_or_the_run():
+    import argparse
+
+    from transduce.commands.translate import add_model_arguments, decode_config
+    from transduce.config import DecodeConfig
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    parser.add_argument("--nbest", type=int)  # translate's own option
+    args = parser.parse_args(["--model", "m", "--sampling", "--temperature", "0.5", "--seed", "3", "--top-p", "0.9"])
+    assert decode_config(args, DecodeConfig()) == DecodeConfig(sampling=True, temperature=0.5, seed=3, top_p=0.9)
+    args = parser.parse_args(["--model", "m", "--seed", "3", "--nbest", "5", "--beam", "2"])  # samples: no beam
+    assert decode_config(args, DecodeConfig(sampling=True)) == DecodeConfig(sampling=True, seed=3, nbest=5, beam=2)
+    args = parser.parse_args(["--model", "m", "--nbest", "4", "--beam", "4"])
+    assert decode_config(args, DecodeConfig()) == DecodeConfig(beam=4, nbest=4)

@@ -489,6 +489,9 @@ class DecodeConfig(_Section):
     temperature: float = 1.0
     top_k: int = 0  # sample from the k most likely tokens; 0: all
     top_p: float = 1.0  # nucleus sampling: the smallest set with this much probability mass
+    # sampling: draw each sentence's samples from a generator seeded with this, so that the same seed gives the same
+    # samples (whatever batch the sentence is in); None: from torch's global generator
+    seed: int | None = None
     max_tokens: int = 4096  # token budget of one translation batch (sentences are sorted by length)
     # keep: translate every line as it is; normalize: lowercase ALL-CAPS and Title-Case lines before translating
     # and give the translation that style back; truecase: the same, with the lowercased line recased to the
@@ -506,6 +509,8 @@ class DecodeConfig(_Section):
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if self.nbest > self.beam and not self.sampling:
             raise ConfigError(f"nbest: {self.nbest} is larger than beam {self.beam}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:  # torch.Generator.manual_seed's range
+            raise ConfigError(f"seed: must be >= 0, got {self.seed}" if self.seed < 0 else "seed: must be < 2**64")
 
 
 # ----------------------------------------------------------------------------------------------------------------------

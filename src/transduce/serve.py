@@ -11,6 +11,8 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, interactive documentation
 * ``POST /translate`` ``{"sentences": [...], "beam": 4, "length_penalty": 0.6, ...}`` ->
   ``{"translations": [...]}``, one per sentence in input order (``"nbest": K`` adds the K best with scores).
   Options that are left out or ``null`` take the server's defaults (the run's decoding configuration).
+  ``"sampling": true`` samples (``temperature``, ``top_k``, ``top_p``); ``"seed": N`` gives each sentence the same
+  samples every time, whatever it is batched with.
 * ``POST /attention`` ``{"sentence": "...", "target": null, "beam": ..., "length_penalty": ...}`` -> the
   translation, the source and target subword pieces and the encoder-decoder attention
   ``cross[layer][head][target piece][source piece]``.
@@ -59,6 +61,8 @@ from transduce.batching import Batcher, BatchStats
 from transduce.config import ConfigError, LengthNorm
 
 log = logging.getLogger(__name__)
+
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")  # request options that only sampling reads
 
 __all__ = ["BatchStats", "Batcher", "ServerThread", "create_app", "serve"]
 
@@ -130,6 +134,13 @@ def _request_models(max_beam: int) -> tuple[type[BaseModel], type[BaseModel]]:
         no_repeat_ngram: int | None = Field(None, ge=0, le=16, description="block repeated n-grams of this size")
         nbest: int | None = Field(
             None, ge=1, le=max_beam, description="also return the n best translations with scores (widens the beam)"
+        )
+        sampling: bool | None = Field(None, description="sample instead of searching (nbest: the samples)")
+        temperature: float | None = Field(None, gt=0, le=100, allow_inf_nan=False, description="sampling only")
+        top_k: int | None = Field(None, ge=0, description="sampling only: from the k most likely tokens; 0: all")
+        top_p: float | None = Field(None, gt=0, le=1, description="sampling only: nucleus sampling's mass")
+        seed: int | None = Field(
+            None, ge=0, lt=2**64, description="sampling only: the same seed gives a sentence the same samples"
         )
 
     class AttentionRequest(BaseModel):
@@ -215,12 +226,15 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
     def check_options(options: dict[str, Any]) -> JSONResponse | None:
-        """422 if DecodeConfig rejects the options as the request will use them (``Translator.search_config``). The
-        request models already check every field's type and range, so this is a guard for DecodeConfig rules they
-        do not repeat (none at present)."""
+        """422 if DecodeConfig rejects the options as the request will use them (``Translator.search_config``), or
+        if sampling options come without sampling (they would change nothing). The request models already check
+        every field's type and range."""
         try:
-            translator.search_config(**options)
-            return None
+            cfg = translator.search_config(**options)
+            unused = [name for name in SAMPLING_ONLY if name in options]
+            if not unused or cfg.sampling:
+                return None
+            message = f'{unused[0]}: applies to sampling only, and this search does not sample (add "sampling": true)'
         except ConfigError as e:
             message = str(e)
         detail = [{"type": "value_error", "loc": ["body"], "msg": message, "input": options}]

@@ -51,8 +51,11 @@ _DECODE_OPTIONS = {
     "temperature": "temperature",
     "top_k": "top_k",
     "top_p": "top_p",
+    "seed": "seed",
     "max_tokens": "max_tokens",
 }
+#: options that only sampling reads: given without sampling they would change nothing
+_SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +114,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=non_negative_int)
     g.add_argument("--top-p", type=probability)
     g.add_argument(
+        "--seed", type=non_negative_int, metavar="N",
+        help="sampling: seed each sentence's draws (the same seed, the same samples, whatever the batch)",
+    )  # fmt: skip
+    g.add_argument(
         "--max-tokens", type=positive_int, metavar="N", help="token budget of a batch (sentences x beam x length)"
     )
 
@@ -125,7 +132,15 @@ def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
         value = getattr(args, option, None)
         if value is not None:
             changes[field] = value
-    if changes["nbest"] > changes.get("beam", base.beam) and not changes.get("sampling", base.sampling):
+    sampling = changes.get("sampling", base.sampling)
+    unused = [option for option in _SAMPLING_ONLY if getattr(args, option, None) is not None]
+    if unused and not sampling:
+        raise ConfigError(f"--{unused[0].replace('_', '-')} applies to sampling only, and this search does not "
+                          "sample: add --sampling (or leave the option out)")  # fmt: skip
+    if "beam" in changes and changes["nbest"] > changes["beam"] and not sampling:
+        raise ConfigError(f"--nbest {changes['nbest']} asks for more translations than --beam {changes['beam']} "
+                          "keeps: give --beam of at least --nbest, or leave --beam out")  # fmt: skip
+    if changes["nbest"] > changes.get("beam", base.beam) and not sampling:
         changes["beam"] = changes["nbest"]  # --nbest 8 alone widens the beam rather than failing
     try:
         return base.replace(**changes)

@@ -12,6 +12,8 @@ mode (searches never change it); every search runs under ``torch.inference_mode(
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -43,7 +45,7 @@ def generate(
     src: Tensor,
     cfg: DecodeConfig,
     *,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     constraint: SearchConstraint | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch as ``cfg`` says: sampling when ``cfg.sampling``, greedy when ``cfg.beam == 1``, else beam search.
@@ -52,7 +54,8 @@ def generate(
         model: a :class:`SearchModel` in eval mode.
         src: (B, S) source ids, right-padded, each row ending with EOS.
         cfg: the decoding configuration.
-        generator: random generator for sampling.
+        generator: random generator for sampling, or one per sentence (see :func:`sample`); default with
+            ``cfg.seed``: one per sentence seeded with it, so that a sentence's samples do not depend on its batch.
         constraint: a further rule on the next token, one row per sentence of ``src`` (None: none, as for
             translation); see :mod:`transduce.search.constraints`.
     Returns:
@@ -64,6 +67,8 @@ def generate(
         constraint=constraint, **lengths,
     )  # fmt: skip
     if cfg.sampling:
+        if generator is None and cfg.seed is not None:
+            generator = [torch.Generator().manual_seed(cfg.seed) for _ in range(src.shape[0])]
         return sample(
             model, src, num_samples=cfg.nbest, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             generator=generator, **common,

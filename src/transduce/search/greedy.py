@@ -3,7 +3,7 @@ produce EOS are dropped from the batch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,8 @@ from transduce.search.common import (
 )
 from transduce.search.constraints import SearchConstraint
 
-Picker = Callable[[Tensor], Tensor]  # (R, V) masked log-probabilities -> (R,) chosen ids
+# (R, V) masked log-probabilities, (R,) the rows' indices among the search's rows (sentence-major) -> (R,) chosen ids
+Picker = Callable[[Tensor, Tensor], Tensor]
 
 
 def _decode_rows(
@@ -82,7 +83,7 @@ def _decode_rows(
             if constraint is not None:
                 constraint.mask(log_probs, step, row_limit)
                 follow_the_constraint(log_probs, raw, constraint, step, limits)
-            chosen = log_probs.argmax(dim=-1) if pick is None else pick(log_probs)  # (R,)
+            chosen = log_probs.argmax(dim=-1) if pick is None else pick(log_probs, alive)  # (R,)
             chosen_lp = log_probs.gather(1, chosen[:, None]).squeeze(1)
         log_prob += chosen_lp.to(acc)
         ended = chosen.eq(cfg.eos_id)
@@ -177,7 +178,7 @@ def sample(
     max_len_b: int = 50,
     min_len: int = 0,
     no_repeat_ngram: int = 0,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     constraint: SearchConstraint | None = None,
 ) -> list[list[Hypothesis]]:
     """Ancestral sampling with temperature, top-k and top-p. Scores are the model's own log-probabilities of the
@@ -185,17 +186,29 @@ def sample(
 
     Args:
         num_samples: samples per sentence.
-        generator: a seeded ``torch.Generator`` for reproducible samples.
+        generator: a seeded ``torch.Generator`` for reproducible samples of this batch; or one CPU generator per
+            sentence, from which that sentence's rows draw one uniform number each per step (inverse-CDF sampling),
+            so that a sentence's samples depend on its generator alone, not on the other sentences of the batch.
         constraint: as for :func:`transduce.search.beam_search`.
     Returns:
         For each sentence, its samples sorted by score, best first.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    per_sentence = generator is not None and not isinstance(generator, torch.Generator)
+    if per_sentence and len(generator) != src.shape[0]:  # type: ignore[arg-type]
+        raise ValueError(f"generator: {len(generator)} generators for {src.shape[0]} sentences")  # type: ignore[arg-type]
 
-    def pick(log_probs: Tensor) -> Tensor:
-        logits = filter_logits(log_probs, temperature=temperature, top_k=top_k, top_p=top_p)
-        return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+    def pick(log_probs: Tensor, rows: Tensor) -> Tensor:
+        probs = filter_logits(log_probs, temperature=temperature, top_k=top_k, top_p=top_p).softmax(dim=-1)
+        if not per_sentence:
+            return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # type: ignore[arg-type]
+        # each row draws from its sentence's generator, in row order: the same draws in any batch
+        u = [torch.rand((), generator=generator[r // num_samples]) for r in rows.tolist()]  # type: ignore[index]
+        cum = probs.double().cumsum(dim=-1)  # (R, V)
+        target = torch.stack(u).to(cum) * cum[:, -1:].squeeze(1)  # (R,) in [0, total)
+        # the first token whose cumulative mass exceeds the target: never one of probability 0
+        return torch.searchsorted(cum, target[:, None], right=True).squeeze(1).clamp(max=cum.shape[1] - 1)
 
     rows = _decode_rows(
         model, src, pick, copies=num_samples, length_penalty=length_penalty, length_norm=length_norm,
