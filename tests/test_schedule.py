@@ -107,3 +107,90 @@ def test_decay_by_time_needs_a_cosine_within_a_time_budget():
         TrainConfig(max_minutes=80, decay_by="time")
     with pytest.raises(ConfigError, match=r"decay_by: 'wall' is not one of 'steps', 'time'"):
         TrainConfig(decay_by="wall")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# optimizer state loaded from another run or a resumed one: the moments travel, the hyper-parameters do not
+
+
+def _trainer(**train):
+    from transduce.config import Config, ModelConfig
+    from transduce.model import Transformer
+    from transduce.trainer import Trainer
+
+    torch.manual_seed(0)
+    config = Config(model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30),
+                    train=TrainConfig(precision="fp32", warmup_steps=1, **train))  # fmt: skip
+    return Trainer(config, Transformer(config.model), torch.device("cpu"))
+
+
+def _stepped(**train):
+    """A trainer after two updates, so that Adam's moments are not zero."""
+    from transduce.data import collate
+
+    trainer = _trainer(**train)
+    batch = collate([([5, 6, 7], [8, 9]), ([10, 11], [12, 13, 14])])
+    for _ in range(2):
+        trainer.train_step([batch])
+    return trainer
+
+
+@pytest.mark.parametrize(("saved", "now"), [
+    ({"weight_decay": 0.01}, {"adam_beta2": 0.999, "adam_eps": 1e-6, "weight_decay": 0.1}),  # AdamW -> AdamW
+    ({}, {"adam_beta2": 0.999, "adam_eps": 1e-6, "weight_decay": 0.1}),  # Adam -> AdamW: one group, then two
+    ({"weight_decay": 0.01}, {"adam_beta1": 0.8}),  # AdamW -> Adam: two groups, then one
+])  # fmt: skip
+def test_loaded_optimizer_state_brings_the_moments_and_keeps_this_run_s_hyper_parameters(saved, now, caplog):
+    before = _stepped(**saved)
+    after = _trainer(**now)
+    with caplog.at_level("INFO", logger="transduce.trainer"):
+        after.load_state_dict(before.state_dict(), source="runs/pretrained/checkpoints/step_00000002")
+    cfg, old = after.cfg, before.cfg
+    for group in after.optimizer.param_groups:
+        assert tuple(group["betas"]) == (cfg.adam_beta1, cfg.adam_beta2) and group["eps"] == cfg.adam_eps
+        assert group["fused"] is True
+    decay = {id(p): group["weight_decay"] for group in after.optimizer.param_groups for p in group["params"]}
+    assert {decay[id(p)] for p in after.params if p.dim() >= 2} == {cfg.weight_decay}
+    assert {decay[id(p)] for p in after.params if p.dim() < 2} == {0.0}
+    assert len(after.params) == len(before.params)
+    for p_after, p_before in zip(after.params, before.params, strict=True):  # the same parameter in both models
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(after.optimizer.state[p_after][key], before.optimizer.state[p_before][key]), key
+    assert caplog.messages == [
+        f"optimizer: Adam's moments of {len(after.params)} tensors from runs/pretrained/checkpoints/step_00000002; "
+        f"betas ({cfg.adam_beta1}, {cfg.adam_beta2}), eps {cfg.adam_eps:g}, weight decay {cfg.weight_decay:g} from "
+        f"the config (the saved state had ({old.adam_beta1}, {old.adam_beta2}), eps {old.adam_eps:g}, weight decay "
+        f"{old.weight_decay:g}); the learning rate from the schedule"
+    ]
+    batch_step = after.step
+    from transduce.data import collate
+
+    after.train_step([collate([([5, 6], [7, 8])])])  # the loaded state steps
+    assert after.step == batch_step + 1
+
+
+def test_an_optimizer_state_of_another_model_is_refused():
+    before = _stepped()
+    after = _trainer()
+    state = before.state_dict()
+    state["optimizer"]["param_groups"][0]["params"] = state["optimizer"]["param_groups"][0]["params"][:-1]
+    with pytest.raises(ValueError, match=rf"^the saved optimizer state holds {len(after.params) - 1} parameters, "
+                                         rf"this run trains {len(after.params)}$"):  # fmt: skip
+        after.load_state_dict(state)
+
+
+def test_adam_s_hyper_parameters_given_when_resuming_take_effect(data, tmp_path):
+    from trainkit import toy_config
+    from transduce.checkpoint import load_trainer_state, resolve
+    from transduce.train import train
+
+    corpus, prepared = data
+    run = tmp_path / "run"
+    train(toy_config(corpus, run, prepared, max_steps=2, valid_every=0, valid_bleu=False, weight_decay=0.01))
+    train(resume=run, overrides=["train.max_steps=3", "train.adam_beta2=0.999", "train.adam_eps=1e-6",
+                                 "train.weight_decay=0.1"])  # fmt: skip
+    groups = load_trainer_state(resolve(run, prefer="last"))["trainer"]["optimizer"]["param_groups"]
+    assert [(tuple(g["betas"]), g["eps"], g["weight_decay"]) for g in groups] == [
+        ((0.9, 0.999), 1e-6, 0.1),
+        ((0.9, 0.999), 1e-6, 0.0),
+    ]

@@ -207,20 +207,21 @@ def freeze(model: Transformer, config: Config) -> None:
 
 def load_optimizer(trainer, config: Config) -> None:
     """Give ``trainer`` the optimizer state (Adam's moments) of ``init_from``'s training checkpoint; the step, the
-    schedule and the skip counters start from zero."""
+    schedule and the skip counters start from zero, and the betas, eps and weight decay are this run's
+    (:meth:`transduce.trainer.Trainer.load_state_dict` logs both)."""
     path = config.train.init_from
     _, _, _, checkpoint = _pretrained(path)
     if checkpoint is None:
         raise FinetuneError(f"train.init_optimizer: {path} is a Hugging Face model, which has no optimizer state")
     saved = ckpt.load_trainer_state(checkpoint)["trainer"]
     try:
-        trainer.load_state_dict({**saved, "step": 0, "nonfinite_in_row": 0, "nonfinite_total": 0})
+        fresh = {"step": 0, "nonfinite_in_row": 0, "nonfinite_total": 0}
+        trainer.load_state_dict({**saved, **fresh}, source=str(checkpoint))
     except (ValueError, KeyError, RuntimeError) as e:
         raise FinetuneError(
             f"train.init_optimizer: the optimizer state of {checkpoint} does not fit this run's parameters ({e}); "
             "freezing changes the parameters the optimizer holds"
         ) from None
-    log.info("optimizer state (Adam moments) taken from %s", checkpoint)
 
 
 def check_prepared(prepared: Path, vocab_dir: Path) -> None:

@@ -242,7 +242,7 @@ class _Run:
         ckpt.check_vocab(info, self.run_dir / ckpt.VOCAB_DIR)
         ckpt.load_weights(self.model, path, device=self.device)
         saved = ckpt.load_trainer_state(path)
-        self.trainer.load_state_dict(saved["trainer"])
+        self.trainer.load_state_dict(saved["trainer"], source=str(path))
         self.state = RunState(**saved["run"])
         if saved["world_size"] == self.dist.world_size:
             set_rng_state(saved["rng"][self.dist.rank])

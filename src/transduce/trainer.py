@@ -247,18 +247,68 @@ class Trainer:
             state["scaler"] = self.scaler.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Optimizer.load_state_dict takes each group's options from the checkpoint, "fused" and "foreach" included:
-        # keep this optimizer's implementation (a checkpoint from before fused Adam would turn it off)
-        impl = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, options in zip(self.optimizer.param_groups, impl, strict=True):
-            group.update(options)
+    def load_state_dict(self, state: dict[str, Any], *, source: str = "the checkpoint") -> None:
+        """Restore what :meth:`state_dict` returned (from a resumed run, or a pretrained one's with the step reset).
+
+        Adam's per-parameter state (its moments and their update count) comes from ``state``; its hyper-parameters
+        (betas, eps, weight decay, the implementation) stay this run's config's, and the learning rate is the
+        schedule's, so that a fine-tuning run or a resume's overrides train as configured. The log says what came
+        from where (``source``).
+
+        Raises:
+            ValueError: the saved optimizer state does not fit this run's trainable parameters.
+        """
+        self._load_optimizer(state["optimizer"], source)
         self.step = int(state["step"])
         self.nonfinite_in_row = int(state["nonfinite_in_row"])
         self.nonfinite_total = int(state["nonfinite_total"])
         if self.scaler is not None and "scaler" in state:  # (a run switched to fp16 starts with a fresh scale)
             self.scaler.load_state_dict(state["scaler"])
+
+    def _load_optimizer(self, saved: dict[str, Any], source: str) -> None:
+        # Optimizer.load_state_dict would take every group option from the saved state (betas, eps, weight decay,
+        # "fused"): give it this optimizer's groups and only the saved per-parameter state, matched by parameter
+        saved_groups = saved["param_groups"]
+        order = _saved_parameter_order(self.params, [len(g["params"]) for g in saved_groups])
+        current = self.optimizer.state_dict()
+        index_of = {id(p): i for i, p in enumerate(self.params)}
+        current_id = {}  # model parameter index -> id in this optimizer's state dict
+        for group, ids in zip(self.optimizer.param_groups, current["param_groups"], strict=True):
+            for param, pid in zip(group["params"], ids["params"], strict=True):
+                current_id[index_of[id(param)]] = pid
+        state = {}
+        for saved_id, index in zip((i for g in saved_groups for i in g["params"]), order, strict=True):
+            if saved_id in saved["state"]:
+                entry, shape = saved["state"][saved_id], tuple(self.params[index].shape)
+                if tuple(entry["exp_avg"].shape) != shape:
+                    raise ValueError(f"the saved optimizer state's parameter {index} has the shape "
+                                     f"{tuple(entry['exp_avg'].shape)}, this run's {shape}")  # fmt: skip
+                state[current_id[index]] = entry
+        self.optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})
+        cfg, first = self.cfg, saved_groups[0]
+        decay = max(g.get("weight_decay", 0.0) for g in saved_groups)
+        ours = f"betas ({cfg.adam_beta1}, {cfg.adam_beta2}), eps {cfg.adam_eps:g}, weight decay {cfg.weight_decay:g}"
+        theirs = f"betas {tuple(first['betas'])}, eps {first['eps']:g}, weight decay {decay:g}"
+        differ = "" if ours == theirs else f" (the saved state had {theirs.removeprefix('betas ')})"
+        log.info("optimizer: Adam's moments of %d tensors from %s; %s from the config%s; the learning rate from the "
+                 "schedule", len(state), source, ours, differ)  # fmt: skip
+
+
+def _saved_parameter_order(params: list[nn.Parameter], group_sizes: list[int]) -> list[int]:
+    """The index in ``params`` of each parameter of a saved optimizer state, in the state's order: its groups are
+    those :func:`transduce.optim.build_optimizer` made for the same trainable parameters (one group for Adam;
+    for AdamW, matrices then the rest)."""
+    if sum(group_sizes) != len(params):
+        raise ValueError(f"the saved optimizer state holds {sum(group_sizes)} parameters, this run trains "
+                         f"{len(params)}")  # fmt: skip
+    if len(group_sizes) == 1:
+        return list(range(len(params)))
+    decay = [i for i, p in enumerate(params) if p.dim() >= 2]
+    rest = [i for i, p in enumerate(params) if p.dim() < 2]
+    if group_sizes != [len(decay), len(rest)]:
+        raise ValueError(f"the saved optimizer state's groups hold {group_sizes} parameters, this run's matrices and "
+                         f"others {[len(decay), len(rest)]}")  # fmt: skip
+    return decay + rest
 
 
 def rng_state() -> dict[str, Any]:
