@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from transduce import __version__
 from transduce.errors import TransduceError
+from transduce.files import Files, check_arguments
 
 #: subcommand -> (module under transduce.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
+        # an output that is one of the inputs is refused before anything is read or written
+        check_arguments(args, args._parser, getattr(args._module, "FILES", Files()))
         code = int(args._module.run(args) or 0)
     except TransduceError as e:
         print(f"transduce {args.command}: error: {e}", file=sys.stderr)

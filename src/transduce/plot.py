@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from transduce.files import replaced_on_success
+
 if TYPE_CHECKING:
     from transduce.translate import AttentionMaps
 
@@ -64,8 +66,8 @@ def plot_attention(
     if title:
         fig.suptitle(title, fontsize=10)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with replaced_on_success(path) as tmp:  # the picture appears only when complete (its directory made for it)
+        fig.savefig(tmp, dpi=110)  # the temporary name keeps the suffix that chooses the format
     return path
 
 
@@ -129,6 +131,6 @@ def plot_training_curves(metrics: str | Path, path: str | Path) -> Path:
         ax.set_ylabel("validation BLEU")
         ax.grid(alpha=0.3)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with replaced_on_success(path) as tmp:  # the picture appears only when complete (its directory made for it)
+        fig.savefig(tmp, dpi=110)  # the temporary name keeps the suffix that chooses the format
     return path

@@ -16,7 +16,6 @@ translates, so one instance may serve several threads.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -237,25 +236,22 @@ class Translator:
         Args:
             src: the source file (see :func:`read_source_lines`); a line that is not UTF-8 raises
                 :class:`transduce.errors.DataError` naming it, unless ``replace_invalid``.
-            out: the file of translations; its directory is created.
+            out: the file of translations; its directory is created. ``src`` itself is refused
+                (:class:`transduce.files.SameFileError`), before anything is read or written.
             beam, decode, options: as for :meth:`translate`.
 
         Returns:
             The number of lines translated.
         """
+        from transduce.files import check_outputs, open_output
+
         cfg = self.search_config(beam=beam, decode=decode, **options)
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        check_outputs([("source", src)], [("output", out)])
         count = 0
-        try:
-            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                for translations in self.translate_lines(read_source_lines(src, replace_invalid=replace_invalid), cfg):
-                    f.write(translations[0].text + "\n")
-                    count += 1
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with open_output(out) as f:
+            for translations in self.translate_lines(read_source_lines(src, replace_invalid=replace_invalid), cfg):
+                f.write(translations[0].text + "\n")
+                count += 1
         return count
 
     def search_config(

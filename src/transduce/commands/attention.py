@@ -19,8 +19,13 @@ import logging
 from transduce.commands.options import add_output_argument
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 from transduce.errors import TransduceError
+from transduce.files import Files
 
 log = logging.getLogger(__name__)
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model",), outputs=("output",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

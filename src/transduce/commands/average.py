@@ -19,8 +19,13 @@ from pathlib import Path
 
 from transduce.commands.options import add_output_argument, positive_int
 from transduce.errors import CheckpointError
+from transduce.files import Files
 
 log = logging.getLogger(__name__)
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model", "paths"), replaced=("output",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

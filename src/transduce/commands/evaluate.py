@@ -15,13 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
 
 from transduce.commands.options import add_output_argument, hidden_alias
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 from transduce.errors import TransduceError
+from transduce.files import Files, write_text
 
 log = logging.getLogger(__name__)
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model", "src", "hyp", "ref"), outputs=("output",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = decode_config(args, translator.decode)
         hypotheses = [ts[0].text for ts in translator.translate_lines(enumerate(sources, start=1), cfg)]
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+            write_text(args.output, "".join(h + "\n" for h in hypotheses))
     if len(hypotheses) != len(references):
         raise LengthMismatchError(len(hypotheses), len(references), f"{args.hyp or 'translations'} vs {args.ref}")
     scores = score(hypotheses, references)

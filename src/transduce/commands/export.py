@@ -18,7 +18,11 @@ import argparse
 
 from transduce.commands.options import add_output_argument, model_and_output
 from transduce.errors import InteropError
+from transduce.files import Files
 from transduce.interop.ctranslate2 import QUANTIZATIONS
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model", "paths"), replaced=("output",))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

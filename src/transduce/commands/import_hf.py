@@ -14,6 +14,10 @@ from __future__ import annotations
 import argparse
 
 from transduce.commands.options import add_output_argument, model_and_output
+from transduce.files import Files
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model", "paths"), replaced=("output",))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -73,13 +73,16 @@ def model_and_output(args: argparse.Namespace, what: str) -> tuple[str, str]:
     """``(--model, --output)``, or the two positional paths of the older spelling (``SOURCE OUT_DIR``).
 
     Raises:
-        TransduceError: neither spelling is complete, or both are mixed.
+        TransduceError: neither spelling is complete, or both are mixed; the output is the model (or holds it).
     """
     from transduce.errors import TransduceError
+    from transduce.files import check_outputs
 
     if args.paths:
         if args.model or args.output or len(args.paths) != 2:
             raise TransduceError(f"unexpected arguments {' '.join(args.paths)}: give --model PATH and -o/--output DIR")
+        # the older spelling: the command line's check saw two inputs, not a model and an output
+        check_outputs([("--model", args.paths[0])], [], replaced=[("-o/--output", args.paths[1])])
         return args.paths[0], args.paths[1]
     if not args.model or not args.output:
         missing = " and ".join(name for name, v in (("--model", args.model), ("-o/--output", args.output)) if not v)

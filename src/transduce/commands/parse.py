@@ -3,6 +3,7 @@ the trees against a treebank with EVALB's labelled bracketing (COLLINS.prm).
 
 Examples:
   transduce parse --model runs/ptb_parse < sentences.txt > trees.txt        # one tokenised sentence per line
+  transduce parse --model runs/ptb_parse -i sentences.txt -o trees.txt
   transduce parse --model runs/ptb_parse --treebank ptb/wsj.mrg.tar.gz:wsj_0140-wsj_0169 --output dev.trees
   transduce parse --baseline pcfg --train ptb/wsj.mrg.tar.gz:wsj_0001-wsj_0139 --treebank ptb/...:wsj_0140-wsj_0169
 
@@ -19,13 +20,18 @@ import argparse
 import json
 import logging
 import time
-from pathlib import Path
 
-from transduce.commands.translate import _open_output, add_model_arguments, decode_config
+from transduce.commands.options import add_output_argument
+from transduce.commands.translate import add_model_arguments, decode_config
+from transduce.files import Files, open_output, write_text
 
 log = logging.getLogger(__name__)
 
 BASELINES = ("pcfg", "right-branching")
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model", "input", "treebank", "train"), outputs=("output", "scores"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:  # --model is not needed for a baseline
         if action.dest == "model":
             action.required = False
-    parser.add_argument("--input", default="-", metavar="FILE", help="sentences, one per line (default: stdin)")
+    parser.add_argument(
+        "-i", "--input", default="-", metavar="FILE", help="sentences, one per line (default: stdin; .gz is read)"
+    )
     parser.add_argument("--treebank", metavar="SPEC", help="parse the words of these trees and score the parses")
-    parser.add_argument("--output", default="-", metavar="FILE", help="trees, one per line (default: stdout)")
+    add_output_argument(parser, "trees, one per line (default: stdout)", metavar="FILE", default="-")
     parser.add_argument("--scores", metavar="FILE.json", help="with --treebank: write the scores as JSON")
     parser.add_argument(
         "--first-best", action="store_true",
@@ -88,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         )
         trees, repaired = [r.tree for r in results], [r.repair.needed for r in results]
     seconds = time.perf_counter() - started
-    with _open_output(args.output) as out:
+    with open_output(args.output) as out:
         for tree in trees:
             out.write(tree.to_string() + "\n")
     log.info("parsed %d sentences in %.1f s", len(trees), seconds)
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             info = {**score.to_dict(), "treebank": args.treebank, "seconds": round(seconds, 1),
                     "parser": args.baseline or " + ".join(args.model),
                     **({} if args.baseline else {"constrained": not args.unconstrained})}  # fmt: skip
-            Path(args.scores).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            write_text(args.scores, json.dumps(info, indent=2) + "\n")
     return 0
 
 

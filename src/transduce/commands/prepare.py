@@ -24,6 +24,7 @@ from typing import Any
 from transduce.commands.options import add_output_argument
 from transduce.config import Config, ConfigError, DataConfig
 from transduce.data import prepare
+from transduce.files import Files
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,10 @@ def data_flags(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, flag):
             data[key] = value
     return data
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("config", "train", "valid", "test", "src_file", "tgt_file"), replaced=("output",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,11 @@ from __future__ import annotations
 import argparse
 
 from transduce.commands.options import add_output_argument
+from transduce.files import Files
 from transduce.quickstart import run_quickstart
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(outputs=("output",))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,11 @@ import json
 from transduce.commands.options import positive_int
 from transduce.commands.translate import add_device_arguments
 from transduce.config import LENGTH_NORMS
+from transduce.files import Files
 from transduce.report import evaluate_run, write_report
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("run_dir", "model"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,8 +23,13 @@ import socket
 from transduce.commands.options import non_negative_float, port_number, positive_int
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 from transduce.errors import TransduceError
+from transduce.files import Files
 
 log = logging.getLogger(__name__)
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 from transduce.commands.options import add_output_argument
 from transduce.commands.prepare import add_data_arguments, data_flags
 from transduce.config import MODEL_PRESETS, Config, TrainConfig
+from transduce.files import Files
 
 
 def _field_docs(cls: type) -> str:
@@ -49,6 +50,12 @@ def _field_docs(cls: type) -> str:
     for m in re.finditer(r"^    (\w+): [^=\n]+= ([^#\n]+?)\s*(?:#\s*(.*))?$", inspect.getsource(cls), re.M):
         lines.append(f"  {m.group(1)} = {m.group(2)}" + (f"  # {m.group(3)}" if m.group(3) else ""))
     return "\n".join(lines)
+
+
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(
+    inputs=("config", "resume", "init_from", "train", "valid", "test", "src_file", "tgt_file"), outputs=("output",)
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

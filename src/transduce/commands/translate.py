@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from transduce.commands.options import (
     probability,
 )
 from transduce.config import LENGTH_NORMS, ConfigError, DecodeConfig
+from transduce.files import Files, open_output
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,10 @@ def load_translator(args: argparse.Namespace):
                            precision=args.precision)  # fmt: skip
 
 
+#: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
+FILES = Files(inputs=("model", "input"), outputs=("output",))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("-i", "--input", default="-", metavar="FILE", help="source text (default: stdin; .gz is read)")
@@ -195,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     lines = read_source_lines(args.input, replace_invalid=args.replace_invalid)
     write = format_json if args.json else format_nbest if args.nbest is not None else format_text
     count = 0
-    with _open_output(args.output) as out:
+    with open_output(args.output) as out:  # a file appears only when complete; stdout streams
         # interactive: a chunk of one line, flushed at once (else: sorted chunks of 2000 lines for speed)
         chunks = translator.translate_lines(lines, cfg, chunk_size=1 if interactive else 2000)
         for index, translations in enumerate(chunks):
@@ -254,11 +258,3 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # a replaced or closed stdin
         return False
-
-
-def _open_output(path: str):
-    if path == "-":
-        sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[union-attr]
-        return nullcontext(sys.stdout)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "w", encoding="utf-8", newline="\n")
