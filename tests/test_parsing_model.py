@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from transduce.cli import main
 from transduce.config import Config, ConfigError
 from transduce.parsing.parser import PAPER_DECODE, Parser
-from transduce.parsing.trees import Tree, read_treebank
+from transduce.parsing.trees import Tree, parse_trees, read_treebank
 
 LEXICON = {
     "DT": ["the", "a"], "NN": ["cat", "dog", "mat", "hat"], "JJ": ["big", "red"], "NNP": ["Kim", "Lee"],
@@ -131,7 +132,7 @@ def test_parse_command_scores_a_treebank_and_parses_text(toy_run, tmp_path, caps
     out, scores = tmp_path / "out.trees", tmp_path / "scores.json"
     args = ["parse", "--model", str(run_dir), "--treebank", str(test_mrg), "--output", str(out), "--beam", "3"]
     assert main([*args, "--scores", str(scores)]) == 0
-    assert capsys.readouterr().out.startswith("F1 100.00  P 100.00  R 100.00  exact 100.00%  (30 sentences, 0 ")
+    assert capsys.readouterr().err.startswith("F1 100.00  P 100.00  R 100.00  exact 100.00%  (30 sentences, 0 ")
     info = json.loads(scores.read_text(encoding="utf-8"))
     assert (info["f1"], info["exact_match"], info["repaired_share"], info["sentences"]) == (100.0, 100.0, 0.0, 30)
     assert info["constrained"] is True
@@ -222,19 +223,53 @@ def test_the_task_of_a_parsing_run_travels_with_the_translator(toy_run, bracket_
         Translator.load([toy_run[0], bracket_translation_model])
 
 
-def test_baselines_from_the_command_line(toy_run, tmp_path, capsys):
-    _, test_mrg = toy_run
-    train_mrg = test_mrg.with_name("toy_train.mrg")
+def test_baselines_from_the_command_line(tmp_path, capsys):
+    train_mrg, test_mrg = write_toy_treebank(tmp_path / "treebank")
     for baseline in ("pcfg", "right-branching"):
         argv = ["parse", "--baseline", baseline, "--train", str(train_mrg), "--treebank", str(test_mrg),
                 "--output", str(tmp_path / f"{baseline}.trees")]  # fmt: skip
         assert main([*argv, "--unlabelled"]) == 0
-    pcfg_line, pcfg_unlabelled, rb_line, rb_unlabelled = capsys.readouterr().out.splitlines()
+    pcfg_line, pcfg_unlabelled, rb_line, rb_unlabelled = capsys.readouterr().err.splitlines()
     assert pcfg_line.startswith("F1 100.00")  # the toy grammar is a PCFG: Viterbi finds every tree
     assert pcfg_unlabelled.startswith("unlabelled: F1 100.00")
     assert float(rb_line.split()[1]) < float(rb_unlabelled.split()[2]) < 100.0
     assert main(["parse", "--baseline", "pcfg", "--treebank", str(test_mrg)]) == 2
-    assert "--baseline needs --train SPEC" in capsys.readouterr().err
+    assert "--baseline pcfg needs --train SPEC" in capsys.readouterr().err
+
+
+def test_right_branching_needs_no_training_treebank(tmp_path, capsys):
+    text, out = tmp_path / "in.txt", tmp_path / "out.trees"
+    text.write_text("Kim sees a dog .\nHi\n", encoding="utf-8")
+    assert main(["parse", "--baseline", "right-branching", "-i", str(text), "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == (
+        "(S (XX Kim) (VP (XX sees) (VP (XX a) (VP (XX dog) (XX .)))))\n(S (XX Hi))\n"
+    )  # the brackets labelled S and VP without a training treebank to take the most frequent labels from
+    assert capsys.readouterr().out == ""
+    assert main(["parse", "--baseline", "pcfg", "-i", str(text)]) == 2  # a grammar is read from one
+    assert (
+        capsys.readouterr().err
+        == "transduce parse: error: --baseline pcfg needs --train SPEC (the treebank to read it from)\n"
+    )
+
+
+def test_the_scores_go_to_standard_error_and_the_trees_alone_to_standard_output(tmp_path, capsys):
+    train_mrg, test_mrg = write_toy_treebank(tmp_path / "treebank")
+    argv = ["parse", "--baseline", "right-branching", "--train", str(train_mrg), "--treebank", str(test_mrg)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    gold = read_treebank(test_mrg)
+    trees = [next(parse_trees(line)) for line in captured.out.splitlines()]
+    assert [t.words() for t in trees] == [t.words() for t in gold]  # nothing but the 30 trees
+    assert re.fullmatch(r"F1 \d+\.\d\d  P .*\(30 sentences, .*\)\n", captured.err)
+    scores = tmp_path / "scores.json"
+    assert main([*argv, "--scores", str(scores), "--output", str(tmp_path / "out.trees")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("F1 ")
+    assert json.loads(scores.read_text(encoding="utf-8"))["sentences"] == 30
+    assert main(["parse", "--baseline", "right-branching", "--scores", str(scores), "-i", str(train_mrg)]) == 2
+    assert capsys.readouterr().err == (
+        "transduce parse: error: --scores needs --treebank SPEC (the trees to score against)\n"
+    )
 
 
 def test_parse_configuration_errors():

@@ -6,12 +6,15 @@ Examples:
   transduce parse --model runs/ptb_parse -i sentences.txt -o trees.txt
   transduce parse --model runs/ptb_parse --treebank ptb/wsj.mrg.tar.gz:wsj_0140-wsj_0169 --output dev.trees
   transduce parse --baseline pcfg --train ptb/wsj.mrg.tar.gz:wsj_0001-wsj_0139 --treebank ptb/...:wsj_0140-wsj_0169
+  transduce parse --baseline right-branching --treebank ptb/wsj.mrg.tar.gz:wsj_0140-wsj_0169 > dev.trees
 
-Input sentences are tokenised as the treebank is (Penn Treebank tokens separated by spaces). With --treebank the
-words of its trees are parsed, and precision, recall, F1, exact match and the share of outputs that needed repair are
-printed (and written to --scores as JSON). Every output is a well-formed tree over exactly the input words; its part-
-of-speech tags are XX. Decoding defaults to the paper's search for parsing (beam 21, GNMT length penalty 0.3,
-maximum length input + 300); --run-decoding takes the run's decode config instead, and options override either.
+Input sentences are tokenised as the treebank is (Penn Treebank tokens separated by spaces). With --treebank the words
+of its trees are parsed, and precision, recall, F1, exact match and the share of outputs that needed repair are printed
+on standard error (and written to --scores as JSON): standard output carries the trees alone. The right-branching
+baseline takes its two labels from --train when given (S and VP otherwise). Every output is a well-formed tree over
+exactly the input words; its part-of-speech tags are XX. Decoding defaults to the paper's search for parsing (beam 21,
+GNMT length penalty 0.3, maximum length input + 300); --run-decoding takes the run's decode config instead, and options
+override either.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 
 from transduce.commands.options import add_output_argument
@@ -44,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--treebank", metavar="SPEC", help="parse the words of these trees and score the parses")
     add_output_argument(parser, "trees, one per line (default: stdout)", metavar="FILE", default="-")
-    parser.add_argument("--scores", metavar="FILE.json", help="with --treebank: write the scores as JSON")
+    parser.add_argument(
+        "--scores", metavar="FILE.json", help="with --treebank: also write the scores as JSON (printed on stderr)"
+    )
     parser.add_argument(
         "--first-best", action="store_true",
         help="the beam's best output, repaired if need be (default: its best well-formed output, if it has one)",
@@ -58,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-decoding", action="store_true", help="decode with the run's config, not the paper's")
     g = parser.add_argument_group("baselines (instead of --model)")
     g.add_argument("--baseline", choices=BASELINES, help="a treebank PCFG (Viterbi CKY) or right-branching trees")
-    g.add_argument("--train", metavar="SPEC", help="the training treebank the baseline is read from")
+    g.add_argument(
+        "--train", metavar="SPEC",
+        help="the training treebank the baseline is read from (right-branching: for its two labels; S and VP without)",
+    )  # fmt: skip
     g.add_argument("--markov", type=int, default=2, help="PCFG: horizontal Markov order of binarisation")
     g.add_argument("--parent", action="store_true", help="PCFG: parent annotation")
 
@@ -71,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
     from transduce.parsing.trees import read_treebank
     from transduce.textio import read_lines
 
+    if args.baseline == "pcfg" and not args.train:
+        raise TransduceError("--baseline pcfg needs --train SPEC (the treebank to read it from)")
+    if not args.baseline and not args.model:
+        raise TransduceError("give --model RUN_DIR (a model trained with data.task: parse) or --baseline")
+    if args.scores and not args.treebank:
+        raise TransduceError("--scores needs --treebank SPEC (the trees to score against)")
     if args.threads:
         torch.set_num_threads(args.threads)
     gold = read_treebank(args.treebank) if args.treebank else None
@@ -80,12 +95,8 @@ def run(args: argparse.Namespace) -> int:
         sentences = [line.split() for _, line in read_lines(args.input)]
     started = time.perf_counter()
     if args.baseline:
-        if not args.train:
-            raise TransduceError("--baseline needs --train SPEC (the treebank to read it from)")
-        trees, repaired = _baseline(args, read_treebank(args.train), sentences), None
+        trees, repaired = _baseline(args, read_treebank(args.train) if args.train else None, sentences), None
     else:
-        if not args.model:
-            raise TransduceError("give --model RUN_DIR (a model trained with data.task: parse) or --baseline")
         from transduce.parsing.parser import PAPER_DECODE, Parser
         from transduce.translate import Translator
 
@@ -100,15 +111,16 @@ def run(args: argparse.Namespace) -> int:
         for tree in trees:
             out.write(tree.to_string() + "\n")
     log.info("parsed %d sentences in %.1f s", len(trees), seconds)
-    if gold is not None:
+    if gold is not None:  # the scores on stderr: stdout carries the trees and nothing else
         score = evalb(gold, trees, repaired=repaired)
-        print(score.summary())
+        print(score.summary(), file=sys.stderr)
         if args.unlabelled:
             from dataclasses import replace
 
             from transduce.parsing.evalb import COLLINS
 
-            print("unlabelled:", evalb(gold, trees, replace(COLLINS, labelled=False), repaired=repaired).summary())
+            unlabelled = evalb(gold, trees, replace(COLLINS, labelled=False), repaired=repaired)
+            print("unlabelled:", unlabelled.summary(), file=sys.stderr)
         if args.scores:
             info = {**score.to_dict(), "treebank": args.treebank, "seconds": round(seconds, 1),
                     "parser": args.baseline or " + ".join(args.model),
@@ -120,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace, train, sentences):
     from transduce.parsing.pcfg import PCFG, right_branching, right_branching_labels
 
-    if args.baseline == "right-branching":
-        root, label = right_branching_labels(train)
+    if args.baseline == "right-branching":  # labelled as the training trees mostly are, else S and VP
+        root, label = right_branching_labels(train) if train is not None else ("S", "VP")
         return [right_branching(words, root, label) for words in sentences]
     grammar = PCFG.train(train, markov=args.markov, parent=args.parent)
     trees = []
