@@ -201,6 +201,43 @@ def test_limits_answer_413_with_json_naming_the_limit(client):
     assert_alive(client)
 
 
+def test_attention_is_bounded_in_pieces_and_in_values(copy_checkpoint, reference):
+    """Byte fallback makes an emoji 4 pieces, and a given target has no character limit of its own: /attention
+    counts the pieces on both sides, and the values layers x heads x target x source that the answer would hold."""
+    cfg = reference.model.config
+    app = create_app(Translator.load(copy_checkpoint), max_attention_tokens=12, max_attention_values=2 * 5 * 12)
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        emoji = "\U0001f600" * 3  # 3 characters, 12 or more pieces with EOS
+        pieces = len(reference.tokenizer.encode_src(emoji)) + 1
+        assert pieces > 12
+        r = c.post("/attention", json={"sentence": emoji})
+        assert r.status_code == 413 and r.json() == {
+            "error": f"sentence has {pieces} source pieces (EOS included) > max_attention_tokens 12"
+        }
+        target = "a man rides the red bike near two girls."
+        pieces = len(reference.tokenizer.encode_tgt(target)) + 1
+        assert pieces > 12
+        r = c.post("/attention", json={"sentence": "a dog.", "target": target})
+        assert r.status_code == 413 and r.json() == {
+            "error": f"target has {pieces} target pieces (EOS included) > max_attention_tokens 12"
+        }
+        s, t = len(reference.tokenizer.encode_src("a dog.")) + 1, len(reference.tokenizer.encode_tgt("a dog.")) + 1
+        values = cfg.decoder_layers * cfg.heads * t * s
+        assert values > 2 * 5 * 12 and s <= 12 and t <= 12
+        r = c.post("/attention", json={"sentence": "a dog.", "target": "a dog."})
+        assert r.status_code == 413 and r.json() == {
+            "error": f"the attention of {cfg.decoder_layers} layers x {cfg.heads} heads x {t} target x {s} source "
+            f"pieces is {values} values > max_attention_values {2 * 5 * 12}"
+        }
+        r = c.post("/attention", json={"sentence": "a dog."})  # the model's own translation, counted once made
+        assert r.status_code == 413 and "> max_attention_values 120" in r.json()["error"]
+        assert c.get("/health").json()["limits"]["max_attention_tokens"] == 12
+    app = create_app(Translator.load(copy_checkpoint), max_attention_tokens=12, max_attention_values=values)
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        r = c.post("/attention", json={"sentence": "a dog.", "target": "a dog."})  # at the limits: answered
+        assert r.status_code == 200 and len(r.json()["src_pieces"]) == s and len(r.json()["tgt_pieces"]) == t
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
@@ -381,6 +418,18 @@ def test_cli_parser_accepts_serve_options():
     )
     assert (args.command, args.model, args.port, args.host) == ("serve", ["X"], 8123, "127.0.0.1")
     assert (args.max_sentences, args.batch_wait_ms, args.beam, args.max_chars) == (8, 2.0, 2, 1000)
+    assert (args.max_attention_tokens, args.max_attention_values) == (256, 1_000_000)
+
+
+def test_serve_command_hands_the_attention_limits_to_the_server(copy_checkpoint, monkeypatch):
+    import transduce.serve
+    from transduce.cli import main
+
+    given = {}
+    monkeypatch.setattr(transduce.serve, "serve", lambda *args, **options: given.update(options))
+    argv = ["serve", "--model", str(copy_checkpoint), "--port", "0", "--device", "cpu"]
+    assert main([*argv, "--max-attention-tokens", "40", "--max-attention-values", "5000"]) == 0
+    assert (given["max_attention_tokens"], given["max_attention_values"]) == (40, 5000)
 
 
 @pytest.mark.slow

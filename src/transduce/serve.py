@@ -33,7 +33,9 @@ Limits and errors (every error is JSON with a one-line ``"error"``; the server k
 
 * 413: more than ``max_sentences`` sentences, a sentence of more than ``max_chars`` characters, or a request body
   of more than ``max_body_bytes`` bytes (by its ``Content-Length`` and by what actually arrives, so a chunked body
-  is caught too).
+  is caught too); for ``/attention`` also a source or target of more than ``max_attention_tokens`` subword pieces,
+  or an answer of more than ``max_attention_values`` values (layers x heads x target x source pieces), counted
+  before the attention is computed (and before the translation, for the source).
 * 422: malformed JSON, a missing field, a wrong type, an unknown option or a value out of range (beam 1 ..
   ``max_beam``); ``"detail"`` holds the validation errors as FastAPI reports them, ``"error"`` sums them up.
 * 500: an exception while translating (logged with its traceback).
@@ -168,6 +170,8 @@ def create_app(
     batch_wait_ms: float = 5.0,
     max_batch_sentences: int = 256,
     max_beam: int = 16,
+    max_attention_tokens: int = 256,
+    max_attention_values: int = 1_000_000,
 ) -> FastAPI:
     """The FastAPI application serving ``translator`` (a :class:`transduce.translate.Translator`).
 
@@ -178,8 +182,13 @@ def create_app(
         batch_wait_ms: the batching window: how long to wait for more requests after the first one.
         max_batch_sentences: most sentences collected into one batch.
         max_beam: largest beam (and nbest) a request may ask for (422 beyond).
+        max_attention_tokens: /attention: most subword pieces of the source and of the target, EOS included (413
+            beyond; characters are not enough: byte fallback makes an emoji 4 pieces).
+        max_attention_values: /attention: most attention values in an answer, layers x heads x target x source
+            pieces (413 beyond; about 8 bytes of JSON each).
     """
     positive = [("max_sentences", max_sentences), ("max_chars", max_chars), ("max_body_bytes", max_body_bytes)]
+    positive += [("max_attention_tokens", max_attention_tokens), ("max_attention_values", max_attention_values)]
     for name, value in [*positive, ("max_beam", max_beam)]:
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
@@ -190,6 +199,8 @@ def create_app(
         "max_beam": max_beam,
         "batch_wait_ms": batch_wait_ms,
         "max_batch_sentences": max_batch_sentences,
+        "max_attention_tokens": max_attention_tokens,
+        "max_attention_values": max_attention_values,
     }
     model_info = _model_info(translator)
     page = resources.files("transduce").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -246,6 +257,24 @@ def create_app(
                 return json_error(413, f"{what} is too long: {len(text)} characters > max_chars {max_chars}")
         return None
 
+    def attention_size(sentence: str, target: str | None) -> str | None:
+        """Why the attention of ``sentence`` and ``target`` (None: not known yet) is too large to answer, or None:
+        the pieces :meth:`Translator.attention` would draw, counted with the translator's own tokenizer."""
+        source = min(len(translator.tokenizer.encode_src(sentence)), translator.max_input_tokens) + 1
+        if source > max_attention_tokens:
+            return f"sentence has {source} source pieces (EOS included) > max_attention_tokens {max_attention_tokens}"
+        if target is None:
+            return None
+        pieces = len(translator.tokenizer.encode_tgt(target)) + 1
+        if pieces > max_attention_tokens:
+            return f"target has {pieces} target pieces (EOS included) > max_attention_tokens {max_attention_tokens}"
+        cfg = translator.model.config
+        values = cfg.decoder_layers * cfg.heads * pieces * source
+        if values > max_attention_values:
+            return (f"the attention of {cfg.decoder_layers} layers x {cfg.heads} heads x {pieces} target x {source} "
+                    f"source pieces is {values} values > max_attention_values {max_attention_values}")  # fmt: skip
+        return None
+
     errors = {413: {"model": ErrorResponse}, 422: {"model": ValidationErrorResponse}, 500: {"model": ErrorResponse}}
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True, responses=errors)
@@ -280,8 +309,12 @@ def create_app(
         if bad := check_options(options):
             return bad
         try:
+            if too_large := await batcher.call(attention_size, sentence, target):
+                return json_error(413, too_large)
             if target is None:  # the translation /translate gives, with the same options (and batched with it)
                 target = (await batcher.submit([sentence], options))[0]
+                if too_large := await batcher.call(attention_size, sentence, target):
+                    return json_error(413, too_large)
             maps = await batcher.call(translator.attention, sentence, target)
         except ConfigError as e:  # an ensemble: no one model's attention to show
             return json_error(400, str(e))

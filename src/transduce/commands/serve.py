@@ -8,9 +8,10 @@ Examples:
 Endpoints: POST /translate, POST /attention, GET /health, GET / (the page), GET /docs (the OpenAPI documentation).
 Requests arriving within --batch-wait-ms of each other (or while a batch is being translated) are translated
 together. A request with more than --max-sentences sentences, a sentence of more than --max-chars characters or a
-body of more than --max-body-bytes bytes is answered 413; malformed JSON and wrong types 422. The decoding options
-set the server's defaults (the run's decode config otherwise); each request may override beam, length penalty and
-lengths. Needs the serve extra: pip install 'transduce[serve]'.
+body of more than --max-body-bytes bytes is answered 413, and so is an /attention request of more than
+--max-attention-tokens pieces on either side or --max-attention-values values; malformed JSON and wrong types 422.
+The decoding options set the server's defaults (the run's decode config otherwise); each request may override beam,
+length penalty, lengths and sampling. Needs the serve extra: pip install 'transduce[serve]'.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-body-bytes", type=positive_int, default=1_000_000, metavar="N", help="request body size")
     g.add_argument("--max-beam", type=positive_int, default=16, metavar="K", help="largest beam a request may ask for")
     g.add_argument(
+        "--max-attention-tokens", type=positive_int, default=256, metavar="N",
+        help="/attention: subword pieces of the source and of the target (default: 256)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-attention-values", type=positive_int, default=1_000_000, metavar="N",
+        help="/attention: values in an answer, layers x heads x target x source pieces (default: 1,000,000)",
+    )  # fmt: skip
+    g.add_argument(
         "--batch-wait-ms", type=non_negative_float, default=5.0, metavar="MS",
         help="batching window after a request (default: 5)",
     )  # fmt: skip
@@ -75,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
             max_chars=args.max_chars,
             max_body_bytes=args.max_body_bytes,
             max_beam=args.max_beam,
+            max_attention_tokens=args.max_attention_tokens,
+            max_attention_values=args.max_attention_values,
             batch_wait_ms=args.batch_wait_ms,
             max_batch_sentences=args.max_batch_sentences,
         )
