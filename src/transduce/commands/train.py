@@ -7,9 +7,9 @@ Examples:
   transduce train --preset tiny --src-file train.src --tgt-file train.tgt -o runs/two-files train.max_steps=5000
   transduce train --resume runs/toy                          # continue exactly where it stopped
   transduce train --resume runs/toy train.max_steps=50000    # ... with a later end
-  transduce train configs/finetune.yaml --init-from models/opus-mt-en-de    # fine-tune a pretrained model
-  transduce train configs/finetune.yaml --init-from runs/multi30k_en_de train.extend_vocab=2000 \
-      train.freeze_embeddings=true data.mix=../shared/data/multi30k/train data.mix_share=0.2
+  transduce train my_domain.yaml --init-from models/opus-mt-en-de    # fine-tune a pretrained model on your data
+  transduce train my_domain.yaml --init-from runs/multi30k_en_de train.extend_vocab=2000 \\
+      train.freeze_embeddings=true data.mix=../shared/data/multi30k/train data.mix_share=0.2   # docs/finetune.md
 
 Without CONFIG.yaml every value is the built-in default (the config dataclasses, listed in configs/example.yaml),
 with the model shape of --preset (base, big, small, tiny, test), the data options below and the KEY=VALUE overrides
