@@ -141,7 +141,8 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
                 raise TrainingError(f"{vocab}: differs from the vocabulary of {prepared}; cannot resume")
         else:
             ckpt.copy_vocab(prepared, vocab)
-        ckpt.write_text_atomic(run_dir / CONFIG_FILE, config.to_yaml())
+        if not resume:  # a resumed run's config is written once its checkpoint has accepted it (_Run)
+            ckpt.write_text_atomic(run_dir / CONFIG_FILE, config.to_yaml())
     if dist.enabled:
         tdist.barrier()
     return config, prepared, tokenizer
@@ -219,6 +220,8 @@ class _Run:
             self.references, self.reference_kind = read_references(self.valid_data, self.tokenizer)
         if resume:
             self._restore()
+            if dist.is_main:  # the overrides are saved only now that the run goes ahead with them
+                ckpt.write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
         self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step)
         padding = padding_stats(self.main_sampler)  # padding is compute spent on nothing: say how much there is
         self.runlog.info(
@@ -422,6 +425,23 @@ class _Run:
                                 "precision: fp32.")  # fmt: skip
 
 
+def check_resume(run_dir: Path, config: Config) -> None:
+    """Refuse, before anything is written, a resume that cannot go on: its last checkpoint's model differs from
+    ``config`` (an override changed the architecture), or ``config``'s ``max_steps`` is below the run's step.
+
+    Raises:
+        CheckpointError, TrainingError: naming the difference; the run directory is left as it was.
+    """
+    path = ckpt.resolve(run_dir, prefer=ckpt.LAST)
+    info = ckpt.read_info(path)
+    diff = ckpt.model_config_diff(info.config, config)
+    if diff:
+        raise ckpt.CheckpointError(f"{path}: the checkpoint's model differs from the config: {'; '.join(diff)}")
+    if info.step > config.train.max_steps:
+        raise TrainingError(f"{run_dir}: train.max_steps={config.train.max_steps} is below the run's step {info.step}; "
+                            f"nothing changed (give train.max_steps above {info.step} to go on)")  # fmt: skip
+
+
 def train(config: Config | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None
           ) -> TrainOutcome:  # fmt: skip
     """Train as ``config`` says, or resume the run in ``resume`` (its ``config.yaml`` plus ``overrides``).
@@ -433,6 +453,7 @@ def train(config: Config | None = None, *, resume: str | Path | None = None, ove
         if not (run_dir / CONFIG_FILE).exists():
             raise TrainingError(f"{run_dir}: not a run directory (no {CONFIG_FILE})")
         config = Config.load(run_dir / CONFIG_FILE, overrides=[*(overrides or []), f"train.run_dir={run_dir}"])
+        check_resume(run_dir, config)
     elif config is None:
         raise TrainingError("train: give a config or a run directory to resume")
     if config.train.threads:
@@ -452,4 +473,4 @@ def train(config: Config | None = None, *, resume: str | Path | None = None, ove
         teardown()
 
 
-__all__ = ["RunState", "TrainOutcome", "TrainingError", "prepare_run", "train"]
+__all__ = ["RunState", "TrainOutcome", "TrainingError", "check_resume", "prepare_run", "train"]
