@@ -264,3 +264,22 @@ def test_verbs_write_their_files_only_through_transduce_files():
     for path in commands.glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\.write_text\(|\.write_bytes\(|open\([^)]*['\"][wax]", text), path.name
+
+
+def test_a_ctranslate2_export_that_fails_half_way_leaves_the_old_directory(checkpoint, tmp_path, monkeypatch):
+    from transduce.interop import ctranslate2
+
+    out = tmp_path / "ct2"
+    out.mkdir()
+    (out / "old.txt").write_text("an earlier export\n", encoding="utf-8")
+
+    def fail(tokenizer, directory):
+        raise RuntimeError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ctranslate2, "_copy_tokenizer_files", fail)  # after the model files are written
+        with pytest.raises(RuntimeError, match="disk full"):
+            ctranslate2.export_ctranslate2(checkpoint, out, overwrite=True)
+    assert os.listdir(out) == ["old.txt"] and os.listdir(tmp_path) == ["ct2"]
+    ctranslate2.export_ctranslate2(checkpoint, out, overwrite=True)
+    assert (out / "model.bin").is_file() and not (out / "old.txt").exists() and os.listdir(tmp_path) == ["ct2"]

@@ -169,9 +169,10 @@ def _inside(path: str, directory: str) -> bool:
 def replaced_on_success(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; renamed over ``path`` when the block ends without an exception.
 
-    On any exception (``KeyboardInterrupt`` included) the temporary file is deleted and ``path`` is left as it was,
-    or absent; the directories created for it are removed again. A symbolic link ``path`` keeps pointing at its
-    file, which is the one replaced. The new file gets the old one's permissions (else the usual ones). The
+    The writer makes a file or a directory there. On any exception (``KeyboardInterrupt`` included) it is deleted
+    and ``path`` is left as it was, or absent; the directories created for it are removed again. A symbolic link
+    ``path`` keeps pointing at its file, which is the one replaced. A new file gets the old one's permissions (else
+    the usual ones); an old directory is moved aside, the new one renamed into place, then the old one deleted. The
     temporary name keeps the suffix (``.out.tmp-PID-XXXXXXXX.png``), for writers that choose a format by it.
     """
     target = Path(os.path.realpath(path))
@@ -180,11 +181,20 @@ def replaced_on_success(path: str | Path) -> Iterator[Path]:
     tmp = target.with_name(f".{target.stem}.tmp-{os.getpid()}-{secrets.token_hex(4)}{target.suffix}")
     try:
         yield tmp
-        if target.exists():
+        if tmp.is_dir() and not tmp.is_symlink() and target.is_dir():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+            return
+        if target.is_file():
             shutil.copymode(target, tmp)
         os.replace(tmp, target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
         if created is not None:
             _remove_empty_dirs(created, target.parent)
         raise

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from transduce.errors import InteropError
+from transduce.files import replaced_on_success
 from transduce.interop import prepare_output, require
 from transduce.interop.marian import load_any
 from transduce.interop.marian_vocab import MarianVocab
@@ -148,8 +149,6 @@ def export_ctranslate2(
         def _load(self):
             return spec
 
-    _SpecConverter().convert(str(out), quantization=quantization, force=True)
-    _copy_tokenizer_files(tokenizer, out)
     info = {
         "source": str(source),
         "lowercase": bool(getattr(tokenizer, "lowercase", False)),
@@ -158,7 +157,10 @@ def export_ctranslate2(
         "note": "sources are SentencePiece pieces without </s> (CTranslate2 adds it); lowercase first if "
         "lowercase is true",
     }
-    (out / "transduce.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    with replaced_on_success(out) as staging:  # built beside it: a failure half-way leaves the old directory
+        _SpecConverter().convert(str(staging), quantization=quantization, force=True)
+        _copy_tokenizer_files(tokenizer, staging)
+        (staging / "transduce.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     log.info("exported %s to %s (CTranslate2, %s)", source, out, info["quantization"])
     return out
 
