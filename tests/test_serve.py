@@ -264,6 +264,40 @@ def test_malformed_json_and_wrong_types_answer_422_saying_what_is_wrong(client, 
     assert_alive(client)
 
 
+@pytest.mark.parametrize("path", ["/translate", "/attention"])
+@pytest.mark.parametrize(
+    ("body", "headers", "expected"),
+    [
+        (b'{"sentences": ["a\xff dog."]}', {"Content-Type": "application/json"},
+         "the request body is not UTF-8 (byte 0xff at offset 17): JSON must be sent as UTF-8"),
+        (b'{"sentence": "\xe9t\xe9"}', {"Content-Type": "application/json; charset=latin-1"},
+         "the request body is not UTF-8 (byte 0xe9 at offset 14): JSON must be sent as UTF-8"),
+        (b'{"sentences": ["a dog."]}', {},
+         "the request body must be JSON, sent with Content-Type: application/json (this request has no Content-Type)"),
+        (b'{"sentences": ["a dog."]}', {"Content-Type": "text/plain"},
+         "the request body must be JSON, sent with Content-Type: application/json (this request's is text/plain)"),
+        (b"sentences=a", {"Content-Type": "application/x-www-form-urlencoded"},
+         "the request body must be JSON, sent with Content-Type: application/json (this request's is "
+         "application/x-www-form-urlencoded)"),
+    ],
+)  # fmt: skip
+def test_a_body_that_is_not_utf8_json_answers_a_one_line_422_saying_why(client, path, body, headers, expected):
+    r = client.post(path, content=body, headers=headers)
+    assert r.status_code == 422
+    assert r.json()["error"] == expected and r.json()["detail"][0]["msg"] == expected
+    assert_alive(client)
+
+
+def test_json_media_types_and_a_byte_order_mark_are_accepted(client, reference):
+    expected = reference.translate(["a dog."])
+    for content_type in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"):
+        r = client.post("/translate", content=b'{"sentences": ["a dog."]}', headers={"Content-Type": content_type})
+        assert r.status_code == 200 and r.json()["translations"] == expected, content_type
+    r = client.post("/translate", content=b'\xef\xbb\xbf{"sentences": ["a dog."]}',
+                    headers={"Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 200 and r.json()["translations"] == expected
+
+
 def test_other_http_errors_are_json_and_the_server_keeps_serving(client, reference):
     for method, path in [("GET", "/nothing"), ("GET", "/translate"), ("DELETE", "/health")]:
         r = client.request(method, path)

@@ -1,6 +1,8 @@
-"""ASGI pieces that know nothing of translation: a request-body size limit, and uvicorn in a background thread.
+"""ASGI pieces that know nothing of translation: a request-body size limit, a check that bodies are UTF-8 JSON, and
+uvicorn in a background thread.
 
-app.add_middleware(BodySizeLimit, max_bytes=1_000_000)  # 413 for larger bodies, chunked ones included
+app.add_middleware(JsonBody)                            # 422 for a body that is not sent as UTF-8 JSON
+app.add_middleware(BodySizeLimit, max_bytes=1_000_000)  # 413 for larger bodies, chunked ones included (outermost)
 with ServerThread(app) as url:                           # a free port on 127.0.0.1, for tests and notebooks
     httpx.get(url + "/health")
 """
@@ -20,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BodySizeLimit", "ServerThread", "json_error"]
+__all__ = ["BodySizeLimit", "JsonBody", "ServerThread", "json_error"]
 
 
 def json_error(status: int, message: str) -> JSONResponse:
@@ -88,6 +90,64 @@ class BodySizeLimit:
             size += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return
+
+
+class JsonBody:
+    """ASGI middleware: answer 422 in one line to a request with a body (POST, PUT, PATCH) that is not sent as JSON
+    (its ``Content-Type`` is not ``application/json`` or ``*/*+json``; FastAPI would otherwise read the body as a
+    string and report a missing object) or is not UTF-8 (FastAPI would answer a bare 400). The answer is
+    ``{"error": ..., "detail": [{"type", "loc", "msg"}]}``, the shape of FastAPI's validation errors."""
+
+    def __init__(self, app: ASGIApp, methods: tuple[str, ...] = ("POST", "PUT", "PATCH")) -> None:
+        self.app = app
+        self.methods = methods
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self.methods:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:  # (read whole: the size limit, outside this middleware, bounds it)
+            message_in = await receive()
+            if message_in["type"] == "http.disconnect":
+                return
+            chunks.append(message_in.get("body", b""))
+            if not message_in.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        problem = _json_body_problem(dict(scope["headers"]).get(b"content-type"), body)
+        if problem is not None:
+            kind, message = problem
+            detail = [{"type": kind, "loc": ["body"], "msg": message}]
+            await JSONResponse({"error": message, "detail": detail}, status_code=422)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _json_body_problem(content_type: bytes | None, body: bytes) -> tuple[str, str] | None:
+    """``(error type, one-line message)`` for a body that is not UTF-8 JSON by its header and bytes, else None."""
+    media = (content_type or b"").split(b";")[0].strip().lower().decode("latin-1")
+    if media != "application/json" and not media.endswith("+json"):
+        got = "this request has no Content-Type" if not media else f"this request's is {media}"
+        return "content_type", f"the request body must be JSON, sent with Content-Type: application/json ({got})"
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (
+            "utf8",
+            f"the request body is not UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start}): JSON must be "
+            "sent as UTF-8",
+        )
+    return None
 
 
 class ServerThread:

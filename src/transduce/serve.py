@@ -36,8 +36,9 @@ Limits and errors (every error is JSON with a one-line ``"error"``; the server k
   is caught too); for ``/attention`` also a source or target of more than ``max_attention_tokens`` subword pieces,
   or an answer of more than ``max_attention_values`` values (layers x heads x target x source pieces), counted
   before the attention is computed (and before the translation, for the source).
-* 422: malformed JSON, a missing field, a wrong type, an unknown option or a value out of range (beam 1 ..
-  ``max_beam``); ``"detail"`` holds the validation errors as FastAPI reports them, ``"error"`` sums them up.
+* 422: a body that is not sent as JSON (``Content-Type: application/json``) or is not UTF-8, malformed JSON, a
+  missing field, a wrong type, an unknown option or a value out of range (beam 1 .. ``max_beam``); ``"detail"``
+  holds the validation errors as FastAPI reports them, ``"error"`` sums them up in one line.
 * 500: an exception while translating (logged with its traceback).
 
 An empty (or blank) sentence translates to an empty string, in place, without running the model.
@@ -58,7 +59,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from transduce.asgi import BodySizeLimit, ServerThread, json_error
+from transduce.asgi import BodySizeLimit, JsonBody, ServerThread, json_error
 from transduce.batching import Batcher, BatchStats
 from transduce.config import ConfigError, LengthNorm
 
@@ -232,6 +233,7 @@ def create_app(
     )
     app.state.batcher = batcher
     app.state.translator = translator
+    app.add_middleware(JsonBody)  # (inside the size limit, which is added last: the outermost)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
