@@ -199,3 +199,90 @@ def test_sampling_options_are_accepted_with_sampling_from_the_command_line_or_th
     assert decode_config(args, DecodeConfig(sampling=True)) == DecodeConfig(sampling=True, seed=3, nbest=5, beam=2)
     args = parser.parse_args(["--model", "m", "--nbest", "4", "--beam", "4"])
     assert decode_config(args, DecodeConfig()) == DecodeConfig(beam=4, nbest=4)
+
+
+def _write_corpus_forms(directory, sources: list[str], references: list[str]) -> dict[str, object]:
+    """The same test set as prepare reads it: two text files, a TSV file and a JSON Lines file with nested fields."""
+    import json
+
+    src, ref = directory / "test.en", directory / "test.de"
+    src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    ref.write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    tsv, jsonl = directory / "test.tsv", directory / "test.jsonl"
+    tsv.write_text("".join(f"{s}\t{r}\n" for s, r in zip(sources, references)), encoding="utf-8")
+    rows = [{"id": i, "translation": {"en": s, "de": r}} for i, (s, r) in enumerate(zip(sources, references))]
+    jsonl.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    return {"src": src, "ref": ref, "tsv": tsv, "jsonl": jsonl}
+
+
+def test_translate_reads_the_source_side_of_a_tsv_or_json_lines_corpus(checkpoint, tmp_path, capsys):
+    files = _write_corpus_forms(tmp_path, ["a dog.", "the man rides.", ""], ["ein Hund.", "der Mann.", "leer"])
+    model = ["translate", "--model", str(checkpoint), "--beam", "2"]
+    assert main([*model, "-i", str(files["src"])]) == 0
+    expected = capsys.readouterr().out
+    assert len(expected.splitlines()) == 3 and expected.splitlines()[2] == ""
+    assert main([*model, "-i", str(files["tsv"])]) == 0
+    assert capsys.readouterr().out == expected
+    assert main([*model, "-i", str(files["jsonl"]), "--src-field", "translation.en"]) == 0
+    assert capsys.readouterr().out == expected
+    # a missing field, and a field option for an input that has no fields: one line each
+    assert main([*model, "-i", str(files["jsonl"])]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce translate: error: {files['jsonl']}, line 1: no field 'src' for the source (found: 'id', "
+        "'translation'); --src-field names another\n"
+    )
+    assert main([*model, "-i", str(files["jsonl"]), "--src-field", "translation.fr"]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce translate: error: {files['jsonl']}, line 1: no field 'translation.fr' for the source (found: "
+        "'en', 'de'); --src-field names another\n"
+    )
+    assert main([*model, "-i", str(files["tsv"]), "--src-field", "en"]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce translate: error: --src-field names a field of a JSON Lines input (FILE.jsonl), not of "
+        f"{files['tsv']}\n"
+    )
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a dog.\tein Hund.\nno tab here\n", encoding="utf-8")
+    assert main([*model, "-i", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce translate: error: {bad}, line 2: expected source<TAB>target (one tab), found no tab\n"
+    )
+
+
+def test_evaluate_reads_both_sides_from_one_tsv_or_json_lines_file(checkpoint, tmp_path, capsys):
+    import json
+
+    files = _write_corpus_forms(tmp_path, ["a dog.", "the man rides."], ["ein Hund läuft.", "der Mann fährt."])
+    model = ["evaluate", "--model", str(checkpoint), "--beam", "2", "--json"]
+    assert main([*model, "--src", str(files["src"]), "--ref", str(files["ref"])]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    assert main([*model, "--src", str(files["tsv"]), "--ref", str(files["tsv"])]) == 0
+    assert json.loads(capsys.readouterr().out) == expected
+    assert main([*model, "--src", str(files["tsv"])]) == 0  # --ref defaults to the target side of --src's file
+    assert json.loads(capsys.readouterr().out) == expected
+    fields = ["--src-field", "translation.en", "--tgt-field", "translation.de"]
+    assert main([*model, "--src", str(files["jsonl"]), *fields]) == 0
+    assert json.loads(capsys.readouterr().out) == expected
+    # scoring existing translations against the target side of a corpus file
+    assert main(["evaluate", "--hyp", str(files["ref"]), "--ref", str(files["jsonl"]), *fields[2:]]) == 0
+    assert "BLEU = 100.00" in capsys.readouterr().out
+    assert main([*model, "--src", str(files["jsonl"]), "--src-field", "translation.en"]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce evaluate: error: {files['jsonl']}, line 1: no field 'tgt' for the target (found: 'id', "
+        "'translation'); --tgt-field names another\n"
+    )
+    assert main([*model, "--src", str(files["src"])]) == 2
+    assert capsys.readouterr().err == (
+        "transduce evaluate: error: --ref FILE is needed: the references (they default to the target side of --src "
+        "only when --src is a TSV or JSON Lines file)\n"
+    )
+    assert main([*model, "--src", str(files["src"]), "--ref", str(files["ref"]), "--tgt-field", "de"]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce evaluate: error: --tgt-field names a field of a JSON Lines input (FILE.jsonl), not of "
+        f"{files['ref']}\n"
+    )
+    assert main(["evaluate", "--hyp", str(files["tsv"]), "--ref", str(files["ref"])]) == 2
+    assert capsys.readouterr().err == (
+        f"transduce evaluate: error: {files['tsv']}: --hyp reads translations as translate writes them, one per "
+        "line, not a TSV or JSON Lines corpus\n"
+    )

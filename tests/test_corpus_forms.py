@@ -188,3 +188,29 @@ def test_prepare_cli_forms_and_errors(tmp_path, capsys):
     assert err == (f"transduce prepare: error: {js}, line 1: no field 'src' for the source (found: 'id', 'en', 'de'); "
                    "--src-field names another\n")  # fmt: skip
     assert not (tmp_path / "o3").exists()
+
+
+def test_one_side_of_a_corpus_file_is_read_in_whichever_form_it_has(tmp_path):
+    from transduce.data.corpus import read_side
+
+    src, tgt = ["a dog.", "", "café"], ["ein Hund.", "leer", "Café"]
+    text = tmp_path / "test.en"
+    text.write_text("".join(s + "\n" for s in src), encoding="utf-8")
+    tsv = write_tsv(tmp_path / "test.tsv.gz", src, tgt)
+    jsonl = write_jsonl(tmp_path / "test.jsonl", src, tgt, ("translation.en", "translation.de"))
+    numbered = lambda lines: list(enumerate(lines, start=1))  # noqa: E731
+    assert list(read_side(text, "source")) == list(read_side(text, "target")) == numbered(src)
+    assert list(read_side(tsv, "source")) == numbered(src) and list(read_side(tsv, "target")) == numbered(tgt)
+    assert list(read_side(jsonl, "target", "translation.de")) == numbered(tgt)
+    # only the side read needs its field
+    only_src = tmp_path / "only.jsonl"
+    only_src.write_text('{"src": "a dog."}\n', encoding="utf-8")
+    assert list(read_side(only_src, "source")) == [(1, "a dog.")]
+    with pytest.raises(DataError, match=r"only.jsonl, line 1: no field 'tgt' for the target \(found: 'src'\); "
+                       r"--tgt-field names another$"):  # fmt: skip
+        list(read_side(only_src, "target"))
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"ok\tgut\nbad \xff\tschlecht\n")
+    with pytest.raises(DataError, match=r"bad.tsv, line 2: not valid UTF-8 \(byte 0xff at column 5\); fix it$"):
+        list(read_side(bad, "source", hint="fix it"))
+    assert list(read_side(bad, "source", errors="replace")) == [(1, "ok"), (2, "bad \ufffd")]

@@ -31,7 +31,6 @@ from transduce.config import ConfigError, DecodeConfig
 from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.search import Hypothesis, SearchConstraint, generate, length_batches
 from transduce.search.common import pad_sequences
-from transduce.textio import read_lines
 
 log = logging.getLogger(__name__)
 
@@ -438,12 +437,24 @@ def _check_sentences(sentences: Sequence[str], method: str) -> None:
         )
 
 
-def read_source_lines(path: str | Path, *, replace_invalid: bool = False) -> Iterator[tuple[int, str]]:
-    """The lines of a text file (``"-"``: standard input) as ``(line number, text)``, split on ``\\n`` only.
+def read_source_lines(
+    path: str | Path, *, replace_invalid: bool = False, field: str | None = None
+) -> Iterator[tuple[int, str]]:
+    """The sentences to translate as ``(line number, text)``: the lines of a text file (``"-"``: standard input),
+    split on ``\\n`` only, or the source side of a corpus file as ``transduce prepare`` reads it: the first column of
+    ``NAME.tsv[.gz]``, the field ``field`` (default ``src``; ``a.b`` nests) of ``NAME.jsonl[.gz]``.
 
     Args:
         replace_invalid: replace bytes that are not UTF-8 with U+FFFD (and warn with the line number) instead of
             raising :class:`transduce.errors.DataError` naming the line.
+        field: the JSON Lines field of the source.
+
+    Raises:
+        DataError: naming the file and line: bytes that are not UTF-8, a TSV line without exactly one tab, a JSON
+            Lines line without the field.
     """
+    from transduce.data.corpus import read_side
+
     errors = "replace" if replace_invalid else "strict"
-    yield from read_lines(path, errors=errors, hint="use --replace-invalid to translate it with U+FFFD in place")
+    hint = "use --replace-invalid to translate it with U+FFFD in place"
+    yield from read_side(path, "source", field, errors=errors, hint=hint)

@@ -6,6 +6,8 @@ Examples:
   transduce translate --model runs/multi30k --nbest 4 -i test.en     # ID ||| TEXT ||| log_prob= LP ||| SCORE
   transduce translate --model runs/multi30k --nbest 4 --json -i test.en   # a JSON object per input line
   transduce translate --model runs/multi30k --interactive                # each line answered as it is typed
+  transduce translate --model runs/multi30k -i test.tsv                  # the source column (source<TAB>target)
+  transduce translate --model runs/hf -i test.jsonl --src-field translation.en   # a JSON Lines field, as prepare
 
 Input is read as UTF-8 and split on "\\n" only; a byte that is not UTF-8 is an error naming the line, unless
 --replace-invalid. An empty line gives an empty line. A line longer than --max-input-tokens subword tokens is split
@@ -170,7 +172,14 @@ FILES = Files(inputs=("model", "input"), outputs=("output",))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("-i", "--input", default="-", metavar="FILE", help="source text (default: stdin; .gz is read)")
+    parser.add_argument(
+        "-i", "--input", default="-", metavar="FILE",
+        help="source text (default: stdin; .gz is read), or the source side of a corpus as prepare reads it: "
+        "FILE.tsv (source<TAB>target) or FILE.jsonl (--src-field)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--src-field", metavar="NAME", help="JSON Lines input: the field of the source (default: src; a.b nests)"
+    )
     add_output_argument(parser, "translations (default: stdout)", metavar="FILE", default="-")
     parser.add_argument("--nbest", type=positive_int, metavar="K", help="write the K best translations of each line")
     parser.add_argument(
@@ -190,13 +199,14 @@ def run(args: argparse.Namespace) -> int:
     from transduce.translate import read_source_lines
 
     check_input(args.input, replace_invalid=args.replace_invalid)
+    check_corpus_side(args.input, "source", args.src_field)
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode)
     terminal = args.input == "-" and _is_terminal(sys.stdin)
     interactive = args.interactive or terminal
     if terminal:
         log.info("type a sentence and Enter; Ctrl-D ends")
-    lines = read_source_lines(args.input, replace_invalid=args.replace_invalid)
+    lines = read_source_lines(args.input, replace_invalid=args.replace_invalid, field=args.src_field)
     write = format_json if args.json else format_nbest if args.nbest is not None else format_text
     count = 0
     with open_output(args.output) as out:  # a file appears only when complete; stdout streams
@@ -232,6 +242,33 @@ def check_input(path: str, *, replace_invalid: bool = False) -> None:
         invalid = scan_text(path).first_invalid
         if invalid and not replace_invalid:
             raise DataError(f"{invalid}; use --replace-invalid to translate it with U+FFFD in place")
+
+
+def check_corpus_side(path: str, side: str, field: str | None) -> None:
+    """Before the model is loaded: refuse ``--src-field``/``--tgt-field`` for an input that has no fields, and read a
+    TSV or JSON Lines input's ``side`` through once, so that a line without its tab or field fails at once.
+
+    Raises:
+        DataError: naming the option, or the file and line (see :func:`transduce.data.corpus.read_side`).
+    """
+    from transduce.data.corpus import corpus_format, read_side
+
+    check_field(path, side, field)
+    if path != "-" and corpus_format(path) != "files":
+        for _ in read_side(path, side, field, errors="skip"):  # bad bytes are check_input's (or decoding's) to report
+            pass
+
+
+def check_field(path: str, side: str, field: str | None) -> None:
+    """Refuse ``--src-field`` (``side`` "source") or ``--tgt-field`` ("target") for an input that has no fields: a
+    field names a part of each line of a JSON Lines file only."""
+    from transduce.data.corpus import corpus_format
+    from transduce.errors import DataError
+
+    if field is not None and (path == "-" or corpus_format(path) != "jsonl"):
+        option = "--src-field" if side == "source" else "--tgt-field"
+        where = "standard input" if path == "-" else path
+        raise DataError(f"{option} names a field of a JSON Lines input (FILE.jsonl), not of {where}")
 
 
 def format_text(index: int, translations: list) -> str:

@@ -12,6 +12,9 @@ A corpus is named in the config (``data.train``, ``data.valid``, each entry of `
 Whatever the form, :meth:`Corpus.pairs` yields ``(line number, source bytes, target bytes)`` and every structural
 fault is a :class:`DataError` naming the file and line: a line without a tab, a line that is not JSON, a missing
 field. Bytes that are not UTF-8 are left in place, for :func:`transduce.textio.decode_line`'s one rule.
+
+:func:`read_side` reads one side of a test set in the same forms, for ``translate -i`` and ``evaluate --src/--ref``:
+the file ``prepare`` reads serves them too.
 """
 
 from __future__ import annotations
@@ -96,6 +99,18 @@ def parse_jsonl(raw: bytes, path: str | Path, lineno: int, fields: Sequence[str]
         DataError: the line is not a JSON object, or a field is missing or not a string.
     """
     where = f"{path}, line {lineno}"
+    obj = _json_object(raw, where)
+    return _json_side(obj, fields[0], "source", where), _json_side(obj, fields[1], "target", where)
+
+
+def jsonl_field(raw: bytes, path: str | Path, lineno: int, name: str, side: str) -> bytes:
+    """One side (``"source"`` or ``"target"``) of a JSON Lines line: the field ``name``, as :func:`parse_jsonl`
+    reads it (the other side's field need not be there)."""
+    where = f"{path}, line {lineno}"
+    return _json_side(_json_object(raw, where), name, side, where)
+
+
+def _json_object(raw: bytes, where: str) -> dict[str, Any]:
     try:
         obj = json.loads(raw.decode("utf-8", "surrogateescape"))  # a bad byte survives as a lone surrogate
     except json.JSONDecodeError as e:
@@ -103,22 +118,23 @@ def parse_jsonl(raw: bytes, path: str | Path, lineno: int, fields: Sequence[str]
         raise DataError(f"{where}: not valid JSON ({what}); JSON Lines needs one object per line") from None
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {_json_type(obj)}")
-    sides = []
-    for side, name in zip(("source", "target"), fields):
-        value: Any = obj
-        for part in name.split("."):
-            if not isinstance(value, dict) or part not in value:
-                keys = ", ".join(map(repr, value)) if isinstance(value, dict) else _json_type(value)
-                option = "--src-field" if side == "source" else "--tgt-field"
-                raise DataError(f"{where}: no field {name!r} for the {side} (found: {keys}); {option} names another")
-            value = value[part]
-        if not isinstance(value, str):
-            raise DataError(f"{where}: field {name!r} must be a string, got {_json_type(value)}")
-        try:
-            sides.append(value.translate(_LINE_BREAKS).encode("utf-8", "surrogateescape"))
-        except UnicodeEncodeError:
-            raise DataError(f"{where}: field {name!r} holds a lone surrogate escape (\\ud800-\\udfff)") from None
-    return sides[0], sides[1]
+    return obj
+
+
+def _json_side(obj: dict[str, Any], name: str, side: str, where: str) -> bytes:
+    value: Any = obj
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            keys = ", ".join(map(repr, value)) if isinstance(value, dict) else _json_type(value)
+            option = "--src-field" if side == "source" else "--tgt-field"
+            raise DataError(f"{where}: no field {name!r} for the {side} (found: {keys}); {option} names another")
+        value = value[part]
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {name!r} must be a string, got {_json_type(value)}")
+    try:
+        return value.translate(_LINE_BREAKS).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise DataError(f"{where}: field {name!r} holds a lone surrogate escape (\\ud800-\\udfff)") from None
 
 
 def _json_type(value: Any) -> str:
@@ -180,6 +196,41 @@ def read_corpus(corpus: Corpus, *, errors: str = "strict") -> tuple[list[str], l
     return sources, targets
 
 
+def read_side(
+    path: str | Path, side: str, field: str | None = None, *, errors: str = "strict", hint: str = ""
+) -> Iterator[tuple[int, str]]:
+    """One side of a test set as ``(line number, text)``, in whichever form :func:`corpus_format` tells by the name:
+    every line of a plain text file (``"-"``: standard input); the source or target column of ``NAME.tsv[.gz]``; the
+    field ``field`` of ``NAME.jsonl[.gz]`` (default ``src`` or ``tgt``). ``translate`` and ``evaluate`` read their
+    inputs through it, so that the file ``prepare`` reads serves them too.
+
+    Args:
+        side: ``"source"`` or ``"target"``.
+        errors, hint: for bytes that are not UTF-8 (see :func:`transduce.textio.read_lines`).
+
+    Raises:
+        DataError: naming the file and line: a TSV line without exactly one tab, a JSON Lines line that is not an
+            object with the field, bytes that are not UTF-8 (strict).
+    """
+    from transduce.textio import decode_line, read_lines
+
+    if side not in ("source", "target"):
+        raise ValueError(f"side must be 'source' or 'target', got {side!r}")
+    form = corpus_format(str(path))
+    if form == "files":
+        yield from read_lines(path, errors=errors, hint=hint)
+        return
+    name = field or ("src" if side == "source" else "tgt")
+    for lineno, raw in enumerate(iter_raw_lines(path), start=1):
+        if form == "tsv":
+            raw = split_tsv(raw, path, lineno)[0 if side == "source" else 1]
+        else:
+            raw = jsonl_field(raw, path, lineno, name, side)
+        text = decode_line(raw, path, lineno, errors, hint=hint)
+        if text is not None:
+            yield lineno, text
+
+
 def corpus_of_record(record: dict[str, Any]) -> Corpus:
     """The :class:`Corpus` a prepared manifest's ``inputs[split]`` entry describes (older manifests: two files)."""
     fields = tuple(record.get("fields", ("src", "tgt")))
@@ -191,8 +242,10 @@ __all__ = [
     "Corpus",
     "corpus_format",
     "corpus_of_record",
+    "jsonl_field",
     "parse_jsonl",
     "read_corpus",
+    "read_side",
     "resolve_corpus",
     "split_name",
     "split_tsv",
