@@ -148,6 +148,30 @@ def test_when_the_kernel_cannot_be_built_decoding_warns_once_and_uses_pytorchs_a
         kernels.attend(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
 
 
+def test_compiling_the_kernels_is_announced_and_loading_them_from_the_cache_is_not(monkeypatch, tmp_path, caplog):
+    import logging
+    import time
+
+    from torch.utils import cpp_extension
+
+    notice = "compiling transduce's CPU kernels (first use, about 30-40 s; then cached)"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "COMPILE_NOTICE_S", 0.3)
+    load_s = {"s": 0.0}
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: time.sleep(load_s["s"]) or kw["name"])
+    name = kernels.extension_name()
+    with caplog.at_level(logging.INFO, logger="transduce.model.kernels"):
+        assert kernels.build() == name  # nothing built yet: said at once
+        assert caplog.messages == [notice]
+        caplog.clear()
+        (tmp_path / name / f"{name}.so").write_bytes(b"")
+        assert kernels.build() == name  # built: loaded without a word
+        assert caplog.messages == []
+        load_s["s"] = 1.0  # built, but compiled again (changed sources): said once the loading takes long
+        assert kernels.build() == name
+        assert caplog.messages == [notice]
+
+
 @pytest.mark.parametrize("vocab", [8000, 37, 16, 5])
 def test_logsumexp_and_row_topk_equal_torchs(vocab):
     g = torch.Generator().manual_seed(vocab)

@@ -103,6 +103,11 @@ BUILD_WAIT_S = _build_wait_s()
 #: for a killed build's.
 STALE_LOCK_S = 600.0
 
+#: Loading kernels that are already built takes well under a second; a load that takes longer than this compiles
+#: them (changed sources or flags), and says so then.
+COMPILE_NOTICE_S = 2.0
+_COMPILE_NOTICE = "compiling transduce's CPU kernels (first use, about 30-40 s; then cached)"
+
 _lock = threading.Lock()
 _state: dict[str, ModuleType | Exception | None] = {"module": None, "error": None}
 
@@ -215,16 +220,26 @@ def build() -> ModuleType:
     name = extension_name()
     directory = build_directory(name)
     headers = hashlib.sha256(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:16]
-    log.info("loading transduce's CPU kernels (compiled on first use, about 30-40 s; then cached)")
     with build_lock(directory):
-        return cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
-            extra_ldflags=["-fopenmp"],  # libgomp.so.1: the process already has PyTorch's, and uses it
-            build_directory=str(directory),
-            verbose=False,
-        )
+        # a first build is announced at once; a load from the cache says nothing unless it turns out to compile
+        built = any(directory.glob(f"{name}*.so")) or any(directory.glob(f"{name}*.pyd"))
+        notice = threading.Timer(COMPILE_NOTICE_S, log.info, (_COMPILE_NOTICE,))
+        notice.daemon = True
+        if built:
+            notice.start()
+        else:
+            log.info(_COMPILE_NOTICE)
+        try:
+            return cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=["-O3", "-fopenmp", *arch, f"-DTRANSDUCE_HEADERS={headers}"],
+                extra_ldflags=["-fopenmp"],  # libgomp.so.1: the process already has PyTorch's, and uses it
+                build_directory=str(directory),
+                verbose=False,
+            )
+        finally:
+            notice.cancel()
 
 
 def compiled() -> ModuleType | None:
