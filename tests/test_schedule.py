@@ -194,3 +194,98 @@ def test_adam_s_hyper_parameters_given_when_resuming_take_effect(data, tmp_path)
         ((0.9, 0.999), 1e-6, 0.1),
         ((0.9, 0.999), 1e-6, 0.0),
     ]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# settings the schedule ignores, a warmup longer than the run, the fine-tuning default
+
+
+def test_the_default_schedule_is_noam_and_inverse_sqrt_when_fine_tuning():
+    from transduce.config import Config
+
+    assert TrainConfig().schedule == "noam"
+    assert TrainConfig(init_from="runs/base").schedule == "inverse_sqrt"  # its peak is peak_lr
+    assert TrainConfig(init_from="runs/base", schedule="noam").schedule == "noam"  # a schedule asked for is kept
+    fine_tune = Config.resolve({"train": {"peak_lr": 1e-4, "warmup_steps": 5}}, ["train.init_from=runs/base"])
+    assert fine_tune.train.schedule == "inverse_sqrt"
+    assert Config.from_dict(fine_tune.to_dict()) == fine_tune  # the resolved schedule is what config.yaml keeps
+    with pytest.raises(ConfigError, match=r"^schedule: 'linear' is not one of 'auto', 'noam', 'inverse_sqrt'"):
+        TrainConfig(schedule="linear")
+
+
+def test_settings_the_schedule_ignores_are_named_one_line_each():
+    from transduce.optim import ignored_settings
+
+    assert ignored_settings(TrainConfig()) == []
+    assert ignored_settings(TrainConfig(schedule="cosine", peak_lr=1e-3, min_lr=1e-5, max_steps=5000)) == []
+    assert ignored_settings(TrainConfig(peak_lr=1e-4, min_lr=1e-5)) == [
+        "train.peak_lr=0.0001 has no effect under train.schedule=noam, whose rate is lr_scale * d_model^-0.5 * "
+        "min(step^-0.5, step * warmup_steps^-1.5): set train.schedule to inverse_sqrt, cosine or constant to train "
+        "with it, or leave it out",
+        "train.min_lr=1e-05 has no effect under train.schedule=noam: only cosine decays to it; leave it out",
+    ]
+    assert ignored_settings(TrainConfig(schedule="constant", lr_scale=2.0, warmup_steps=100)) == [
+        "train.lr_scale=2 has no effect under train.schedule=constant: it scales the noam schedule only; set "
+        "train.peak_lr instead, or leave it out",
+        "train.warmup_steps=100 has no effect under train.schedule=constant, which has no warmup; leave it out",
+    ]
+
+
+def test_a_warmup_longer_than_the_run_is_named_with_the_rate_it_ends_at():
+    from transduce.optim import warmup_beyond_run
+
+    assert warmup_beyond_run(TrainConfig(max_steps=4000), 512) is None
+    assert warmup_beyond_run(TrainConfig(schedule="constant", max_steps=30), 512) is None
+    # noam, d_model 512: 512^-0.5 * 30 * 4000^-1.5 = 5.24e-06 at update 30; 512^-0.5 * 4000^-0.5 = 6.99e-04 at 4000
+    assert warmup_beyond_run(TrainConfig(max_steps=30), 512) == (
+        "train.warmup_steps=4000 is longer than the run (train.max_steps=30): the learning rate only rises, to "
+        "5.2e-06 at the last update, 0.8% of the 7.0e-04 it would reach at update 4000; lower train.warmup_steps "
+        "(e.g. 3, a tenth of max_steps)"
+    )
+    inverse_sqrt = TrainConfig(schedule="inverse_sqrt", peak_lr=1e-3, warmup_steps=100, max_steps=20)
+    assert warmup_beyond_run(inverse_sqrt, 512).startswith(
+        "train.warmup_steps=100 is longer than the run (train.max_steps=20): the learning rate only rises, to "
+        "2.0e-04 at the last update, 20.0% of the 1.0e-03"
+    )
+
+
+def test_a_run_with_a_setting_its_schedule_ignores_is_refused_before_anything_is_written(data, tmp_path, capsys):
+    from transduce.cli import main
+
+    corpus, prepared = data
+    run = tmp_path / "run"
+    args = ["train", "configs/toy.yaml", f"data.train={corpus / 'train'}", f"data.valid={corpus / 'valid'}",
+            f"data.prepared={prepared}", f"train.run_dir={run}", "train.schedule=noam",
+            "train.peak_lr=1e-4"]  # fmt: skip
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        "transduce train: error: train.peak_lr=0.0001 has no effect under train.schedule=noam, whose rate is "
+        "lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): set train.schedule to inverse_sqrt, "
+        "cosine or constant to train with it, or leave it out\n"
+    )
+    assert not run.exists()
+
+
+def test_fine_tuning_peaks_at_peak_lr_and_a_short_run_warns_of_its_warmup(data, tmp_path):
+    """A fine-tuning config in the form an HF or fairseq user writes it (peak_lr, warmup_steps, no schedule)."""
+    from trainkit import toy_config
+    from transduce.config import Config
+    from transduce.runlog import read_metrics
+    from transduce.train import train
+
+    corpus, prepared = data
+    base = tmp_path / "base"
+    train(toy_config(corpus, base, prepared, max_steps=2, valid_every=0, valid_bleu=False))
+    tuned = tmp_path / "tuned"
+    config = toy_config(corpus, tuned, max_steps=6, valid_every=0, valid_bleu=False, log_every=1).to_dict()
+    del config["train"]["schedule"], config["data"]["prepared"]
+    config["train"].update(peak_lr=1e-4, warmup_steps=5, init_from=str(base))
+    train(Config.from_dict(config))
+    lrs = {e["step"]: e["lr"] for e in read_metrics(tuned / "metrics.jsonl", "train")}
+    assert lrs[5] == pytest.approx(1e-4) and lrs[6] == pytest.approx(1e-4 * math.sqrt(5 / 6))
+    log = (tuned / "train.log").read_text()
+    assert ("learning rate: inverse_sqrt (the default when fine-tuning from train.init_from): rising to "
+            "train.peak_lr=0.0001 at update 5, then falling as 1/sqrt(update)") in log  # fmt: skip
+    short = tmp_path / "short"
+    train(toy_config(corpus, short, prepared, max_steps=3, valid_every=0, valid_bleu=False))  # toy: warmup 10
+    assert "train.warmup_steps=10 is longer than the run (train.max_steps=3)" in (short / "train.log").read_text()

@@ -374,8 +374,9 @@ class TrainConfig(_Section):
     max_epochs: int = 0  # stop after this many epochs; 0: no limit
     max_minutes: float = 0.0  # stop (with a checkpoint) after this much wall time; 0: no limit
     # noam: the paper's formula; inverse_sqrt: linear warmup to peak_lr then ~1/sqrt(step); cosine: linear warmup to
-    # peak_lr then half a cosine down to min_lr at max_steps (for a fixed budget of updates); constant: peak_lr
-    schedule: str = "noam"
+    # peak_lr then half a cosine down to min_lr at max_steps (for a fixed budget of updates); constant: peak_lr;
+    # auto: noam, or inverse_sqrt when fine-tuning (init_from), whose peak is peak_lr (the resolved name is kept)
+    schedule: str = "auto"
     lr_scale: float = 1.0  # multiplier on the noam learning rate
     peak_lr: float = 5e-4  # peak learning rate of the inverse_sqrt, cosine and constant schedules
     min_lr: float = 0.0  # the cosine schedule's learning rate at max_steps
@@ -438,7 +439,9 @@ class TrainConfig(_Section):
             _check_positive(name, getattr(self, name), allow_zero=True)
         _check_positive("max_nonfinite", self.max_nonfinite)
         _check_positive("valid_beam", self.valid_beam)
-        _check_choice("schedule", self.schedule, ("noam", "inverse_sqrt", "cosine", "constant"))
+        _check_choice("schedule", self.schedule, ("auto", "noam", "inverse_sqrt", "cosine", "constant"))
+        if self.schedule == "auto":  # a fine-tuning config names a peak (peak_lr), as HF and fairseq users write it
+            self.schedule = "inverse_sqrt" if self.init_from else "noam"
         if self.schedule == "cosine":
             if self.max_steps <= self.warmup_steps:
                 raise ConfigError(f"max_steps: the cosine schedule decays from warmup_steps to max_steps, so max_steps "

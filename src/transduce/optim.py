@@ -78,3 +78,61 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set ``lr`` on every parameter group."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what a run's schedule makes of its settings, said before it trains
+
+
+def ignored_settings(cfg: TrainConfig) -> list[str]:
+    """One line for each learning-rate setting that ``cfg.schedule`` ignores although it is set away from its default
+    (``peak_lr`` under noam, ``lr_scale`` under the others, ``min_lr`` but under cosine, ``warmup_steps`` under
+    constant): a value that does nothing is a mistake, as a fine-tuning config's ``peak_lr`` under noam was."""
+    default, schedule, lines = TrainConfig(), cfg.schedule, []
+
+    def ignored(key: str, why: str) -> None:
+        value = getattr(cfg, key)
+        if value != getattr(default, key):
+            lines.append(f"train.{key}={value:g} has no effect under train.schedule={schedule}{why}")
+
+    if schedule == "noam":
+        ignored("peak_lr", ", whose rate is lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5): set "
+                "train.schedule to inverse_sqrt, cosine or constant to train with it, or leave it out")  # fmt: skip
+    else:
+        ignored("lr_scale", ": it scales the noam schedule only; set train.peak_lr instead, or leave it out")
+    if schedule != "cosine":
+        ignored("min_lr", ": only cosine decays to it; leave it out")
+    if schedule == "constant":
+        ignored("warmup_steps", ", which has no warmup; leave it out")
+    return lines
+
+
+def warmup_beyond_run(cfg: TrainConfig, d_model: int) -> str | None:
+    """A line when the warmup of ``cfg``'s schedule lasts longer than the run (``max_steps``), naming the rate the
+    run ends at; None otherwise (cosine refuses such a config; constant has no warmup)."""
+    if cfg.schedule not in ("noam", "inverse_sqrt") or cfg.warmup_steps <= cfg.max_steps:
+        return None
+    end, peak = learning_rate(cfg.max_steps, cfg, d_model), learning_rate(cfg.warmup_steps, cfg, d_model)
+    return (f"train.warmup_steps={cfg.warmup_steps} is longer than the run (train.max_steps={cfg.max_steps}): the "
+            f"learning rate only rises, to {end:.1e} at the last update, {100 * end / peak:.1f}% of the {peak:.1e} it "
+            f"would reach at update {cfg.warmup_steps}; lower train.warmup_steps (e.g. {max(1, cfg.max_steps // 10)}, "
+            "a tenth of max_steps)")  # fmt: skip
+
+
+def describe_schedule(cfg: TrainConfig, d_model: int) -> str:
+    """The schedule of ``cfg`` in words, for the log: its name, its peak and where it reaches it."""
+    warmup, peak = cfg.warmup_steps, learning_rate(cfg.warmup_steps, cfg, d_model)
+    if cfg.schedule == "noam":
+        return (f"noam: rising to {peak:.3g} (lr_scale * d_model^-0.5 * warmup_steps^-0.5) at update {warmup}, "
+                "then falling as 1/sqrt(update)")  # fmt: skip
+    if cfg.schedule == "constant":
+        return f"constant: train.peak_lr={cfg.peak_lr:g} throughout"
+    if cfg.schedule == "inverse_sqrt":
+        name, then = "inverse_sqrt", "falling as 1/sqrt(update)"
+        if cfg.init_from:
+            name += " (the default when fine-tuning from train.init_from)"
+    else:
+        name, then = "cosine", f"half a cosine down to train.min_lr={cfg.min_lr:g} at update {cfg.max_steps}"
+        if cfg.decay_by == "time":
+            then += " or when train.max_minutes ends"
+    return f"{name}: rising to train.peak_lr={cfg.peak_lr:g} at update {warmup}, then {then}"

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as tdist
 
 from transduce import checkpoint as ckpt
-from transduce import finetune
-from transduce.config import Config
+from transduce import finetune, optim
+from transduce.config import Config, ConfigError
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
 from transduce.data.prefetch import Prefetch
@@ -223,6 +223,11 @@ class _Run:
             if dist.is_main:  # the overrides are saved only now that the run goes ahead with them
                 ckpt.write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
         self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step)
+        d_model = self.config.model.d_model  # (a fine-tuning run's: the pretrained model's)
+        self.runlog.info("learning rate: %s", optim.describe_schedule(self.cfg, d_model))
+        short_warmup = optim.warmup_beyond_run(self.cfg, d_model)
+        if short_warmup and dist.is_main:
+            log.warning("%s", short_warmup)
         padding = padding_stats(self.main_sampler)  # padding is compute spent on nothing: say how much there is
         self.runlog.info(
             "batches: %d per epoch (all ranks), padding %.1f%% of tokens (source %.1f%%, target %.1f%%)",
@@ -442,6 +447,19 @@ def check_resume(run_dir: Path, config: Config) -> None:
                             f"nothing changed (give train.max_steps above {info.step} to go on)")  # fmt: skip
 
 
+def _check_schedule_settings(config: Config, resumed: Path | None) -> None:
+    """Refuse a learning-rate setting that the run's schedule ignores (:func:`transduce.optim.ignored_settings`); a
+    resumed run whose own config.yaml already held it (it trained so) only gets a warning."""
+    ignored = optim.ignored_settings(config.train)
+    if resumed is not None:
+        before = optim.ignored_settings(Config.load(resumed / CONFIG_FILE).train)
+        for line in (line for line in ignored if line in before):
+            log.warning("%s", line)
+        ignored = [line for line in ignored if line not in before]
+    if ignored:
+        raise ConfigError("; ".join(ignored))
+
+
 def train(config: Config | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None
           ) -> TrainOutcome:  # fmt: skip
     """Train as ``config`` says, or resume the run in ``resume`` (its ``config.yaml`` plus ``overrides``).
@@ -456,6 +474,7 @@ def train(config: Config | None = None, *, resume: str | Path | None = None, ove
         check_resume(run_dir, config)
     elif config is None:
         raise TrainingError("train: give a config or a run directory to resume")
+    _check_schedule_settings(config, run_dir if resume is not None else None)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     local = Dist(local_rank=launched_local_rank())
