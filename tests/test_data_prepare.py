@@ -270,7 +270,7 @@ def test_the_recipes_without_their_data_say_how_to_get_it(tmp_path, monkeypatch,
         "`transduce download multi30k DIR` and point data.train at it: data.train=DIR/train",
         "ptb_parse.yaml": "../shared/data/ptb_sample/wsj_0001-0169.mrg.tar.gz: treebank not found (a .mrg file, a "
         "directory of them, a .tar.gz or a .zip); get the Penn Treebank sample with `transduce download ptb-sample "
-        "DIR` and point data.train at it: data.train=DIR/treebank.zip:wsj_0001-wsj_0139",
+        "DIR` and point data.train at it: data.train=DIR/treebank.zip:wsj_0001-wsj_0129",
     }
     for recipe, message in expected.items():
         assert main(["train", str(root / "configs" / recipe), "train.run_dir=run"]) == 2
