@@ -346,3 +346,33 @@ def test_resuming_a_checkpoint_of_an_unfused_adam_keeps_the_fused_one():
     assert state["optimizer"]["param_groups"][0]["fused"] is None
     trainer.load_state_dict(state)
     assert all(group["fused"] is True for group in trainer.optimizer.param_groups)
+
+
+def test_decay_by_time_reaches_min_lr_when_the_time_budget_ends_and_resumes_on_the_same_curve(data, tmp_path,
+                                                                                             monkeypatch):  # fmt: skip
+    clock = _Clock()
+    real = Trainer.train_step
+
+    def slow_step(self, batches, *rest):  # every update takes 30 s of the fake clock: 16 fit into 8 minutes
+        clock.now += 30.0
+        return real(self, batches, *rest)
+
+    monkeypatch.setattr(train_module, "time", clock)
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    schedule = dict(schedule="cosine", peak_lr=1e-3, warmup_steps=2, max_minutes=8, decay_by="time", log_every=1,
+                    valid_every=0, keep_last=0)  # fmt: skip
+    run = tmp_path / "run"
+    outcome = train(_cfg(data, run, max_steps=1000, **schedule))
+    assert (outcome.reason, outcome.step) == ("max_minutes", 16)
+    lrs = {e["step"]: e["lr"] for e in read_metrics(run / "metrics.jsonl", "train")}
+    # warmup by updates; then the pace (16 updates in 8 minutes) sets the end of the cosine at update 16, not 1000
+    expected = {1: 5e-4, 2: 1e-3} | {s: 5e-4 * (1 + math.cos(math.pi * (s - 2) / 14)) for s in range(3, 17)}
+    assert lrs == pytest.approx(expected, abs=1e-12)
+    assert lrs[16] == pytest.approx(0.0, abs=1e-12)
+
+    # stopped after 8 updates (4 minutes), resumed: the time share comes back with the checkpoint
+    half = tmp_path / "half"
+    assert train(_cfg(data, half, max_steps=8, **schedule)).step == 8
+    assert train(resume=half, overrides=["train.max_steps=1000"]).step == 16
+    resumed = {e["step"]: e["lr"] for e in read_metrics(half / "metrics.jsonl", "train")}
+    assert {s: resumed[s] for s in range(9, 17)} == pytest.approx({s: expected[s] for s in range(9, 17)}, abs=1e-12)
