@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sentencepiece
 
 import transduce.data.preparation as prep
 from transduce.config import DataConfig
@@ -301,6 +302,35 @@ def test_vocabulary_size_the_data_cannot_support(tmp_path, corpus):
     with pytest.raises(DataError, match=r"^vocab_size 5000 is too large for the joint vocabulary: the data"):
         prepare(config(corpus).replace(vocab_size=5000, vocab_type="unigram"), tmp_path / "out")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_vocabulary_too_large_for_the_corpus_is_warned_of_with_what_suits_it(tmp_path, corpus, caplog):
+    """400 pairs of mostly distinct words and 5,000 BPE pieces: SentencePiece learns merges the data never uses as
+    pieces, whose embeddings would never train."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9))) for _ in range(1500)]
+    src = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 10))) for _ in range(400)]
+    prefix = write(tmp_path, "rare", src, src[::-1])
+    with caplog.at_level(logging.WARNING, logger="transduce.data.preparation"):
+        prepare(config(prefix, vocab_size=5000), tmp_path / "out")
+    tok = Tokenizer.load(tmp_path / "out")
+    proc = sentencepiece.SentencePieceProcessor(model_proto=tok.model_protos()[0])
+    learned = [i for i in range(proc.get_piece_size()) if proc.is_control(i) + proc.is_unknown(i) + proc.is_byte(i)
+               + proc.is_unused(i) == 0]  # fmt: skip
+    train = ParallelDataset(tmp_path / "out", "train")
+    seen = {int(i) for k in range(len(train)) for side in train[k] for i in side}
+    used = len(seen & set(learned))
+    assert used < len(learned) / 2
+    suits = round((used + 260) / 100) * 100
+    assert caplog.messages == [
+        f"data.vocab_size 5000: the training data uses only {used:,} of the joint vocabulary's {len(learned):,} "
+        f"learned pieces (the other {len(learned) - used:,} never occur, so their embeddings never train); a "
+        f"vocab_size of about {suits:,} suits these 400 pairs"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="transduce.data.preparation"):
+        prepare(config(corpus), tmp_path / "fitting")  # 300 pieces for the toy corpus: no warning
+    assert caplog.messages == []
 
 
 def test_test_set_named_like_another_split(tmp_path, corpus):

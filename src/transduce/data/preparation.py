@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sentencepiece
 
 import transduce
@@ -195,6 +196,8 @@ def _prepare_into(
         raise DataError(
             f"{corpora['train']}: no sentence pairs left after cleaning ({_dropped(splits['train']['counts'])})"
         )
+    if vocabulary is None:
+        _check_vocabulary_use(tmp, tok, cfg, dtype, splits["train"]["pairs"])
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -281,6 +284,45 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
         tokenizer.truecaser.save(tmp)
         log.info("truecasing table: %d source words whose usual form is not lowercase", len(tokenizer.truecaser.forms))
     return tokenizer
+
+
+def _check_vocabulary_use(tmp: Path, tok: Tokenizer, cfg: DataConfig, dtype: np.dtype, pairs: int) -> None:
+    """Warn when the training data uses fewer than half of a trained vocabulary's learned pieces: a ``vocab_size``
+    too large for the corpus (BPE goes on merging pairs seen once; the pieces the data never uses keep untrained
+    embeddings and take a share of every softmax)."""
+    files = split_files("train")
+
+    def counts(*sides: str) -> np.ndarray:  # how often each id occurs on these sides, read in bounded chunks
+        total = np.zeros(max(tok.src_vocab_size, tok.tgt_vocab_size), dtype=np.int64)
+        for side in sides:
+            path = tmp / files[f"{side}.bin"]
+            if path.stat().st_size:
+                ids = np.memmap(path, dtype=dtype, mode="r")
+                for start in range(0, len(ids), 1 << 24):
+                    total += np.bincount(ids[start : start + (1 << 24)], minlength=len(total))
+        return total
+
+    src_proto, tgt_proto = tok.model_protos()
+    if cfg.task == "parse":  # the target is a closed vocabulary of the trees' tokens
+        sides = [("source", src_proto, counts("src"))]
+    elif cfg.joint_vocab:
+        sides = [("joint", src_proto, counts("src", "tgt"))]
+    else:
+        sides = [("source", src_proto, counts("src")), ("target", tgt_proto, counts("tgt"))]
+    for what, proto, seen in sides:
+        proc = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        size = proc.get_piece_size()
+        learned = np.asarray([not (proc.is_control(i) or proc.is_unknown(i) or proc.is_byte(i) or proc.is_unused(i))
+                              for i in range(size)], dtype=bool)  # fmt: skip
+        used = int((seen[:size] > 0)[learned].sum())
+        total = int(learned.sum())
+        if used >= total / 2:
+            continue
+        suits = round((used + size - total) / 100) * 100
+        log.warning("data.vocab_size %d: the training data uses only %s of the %s vocabulary's %s learned pieces (the "
+                    "other %s never occur, so their embeddings never train); a vocab_size of about %s suits these "
+                    "%s pairs", cfg.vocab_size, f"{used:,}", what, f"{total:,}", f"{total - used:,}", f"{suits:,}",
+                    f"{pairs:,}")  # fmt: skip
 
 
 def _chunks(split: str, corpus: Corpus) -> Iterator[Chunk]:
