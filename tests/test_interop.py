@@ -66,6 +66,23 @@ def test_hf_export_writes_what_marian_expects(hf_export: Path):
     assert (config["pad_token_id"], config["decoder_start_token_id"], config["eos_token_id"]) == (0, 1, 2)
 
 
+def test_hf_export_and_load_draw_no_progress_bars_and_leave_the_setting_as_it_was(
+    copy_checkpoint: Path, tmp_path: Path, capfd
+):
+    from transformers.utils import logging as hf_logging
+
+    for enabled in (True, False):
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        try:
+            out = export_hf(copy_checkpoint, tmp_path / f"hf-{enabled}")
+            load_hf(out)
+            assert hf_logging.is_progress_bar_enabled() == enabled
+        finally:
+            hf_logging.enable_progress_bar()
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Writing model shards" not in err and "it/s" not in err
+
+
 def test_hf_export_tokenizer_and_logits_equal_ours(copy_checkpoint: Path, hf_export: Path):
     ours = Translator.load(copy_checkpoint)
     tok = transformers.MarianTokenizer.from_pretrained(str(hf_export))

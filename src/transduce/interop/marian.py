@@ -27,11 +27,12 @@ them) and its vocabulary, read through ``transformers.MarianTokenizer`` (:class:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -371,10 +372,12 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        hf.save_pretrained(str(staging))
+        with quiet_progress(transformers):
+            hf.save_pretrained(str(staging))
         write_marian_vocab(tokenizer, staging, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang)
         (staging / "README.md").write_text(_model_card(config, source), encoding="utf-8")
-        reloaded = hf_class(model.config).from_pretrained(str(staging)).eval()
+        with quiet_progress(transformers):
+            reloaded = hf_class(model.config).from_pretrained(str(staging)).eval()
         err = parity_error(model, reloaded)
         if err > PARITY_ATOL:
             raise InteropError(f"{source}: the exported {arch} model's logits differ from ours by {err:.2e}")
@@ -430,6 +433,20 @@ Decoding defaults (generation_config.json): beam {d.beam}, length_penalty {d.len
 # import
 
 
+@contextlib.contextmanager
+def quiet_progress(transformers: Any) -> Iterator[None]:
+    """Hugging Face's progress bars ("Loading weights", "Writing model shards") off inside the block and as they
+    were after it: loading or writing one small local model is not a long task, and the bars drown the log."""
+    hf_logging = transformers.utils.logging
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def is_marian_dir(path: str | Path) -> bool:
     """Whether ``path`` is a Hugging Face model directory whose config says ``model_type: marian``."""
     config = Path(path) / "config.json"
@@ -450,7 +467,8 @@ def load_hf(directory: str | Path, device: str | torch.device = "cpu") -> tuple[
     if not is_marian_dir(directory):
         raise InteropError(f"{directory}: not a Hugging Face Marian model (no config.json with model_type 'marian')")
     try:
-        hf = transformers.MarianMTModel.from_pretrained(str(directory)).eval()
+        with quiet_progress(transformers):
+            hf = transformers.MarianMTModel.from_pretrained(str(directory)).eval()
     except (OSError, ValueError) as e:
         raise InteropError(f"{directory}: cannot load the Marian model ({str(e).splitlines()[0]})") from None
     vocab = MarianVocab.from_pretrained(directory)
