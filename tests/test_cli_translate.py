@@ -286,3 +286,28 @@ def test_evaluate_reads_both_sides_from_one_tsv_or_json_lines_file(checkpoint, t
         f"transduce evaluate: error: {files['tsv']}: --hyp reads translations as translate writes them, one per "
         "line, not a TSV or JSON Lines corpus\n"
     )
+
+
+def test_a_progress_bar_is_drawn_when_standard_error_is_a_terminal_only(checkpoint, tmp_path, capsys, monkeypatch):
+    import gzip
+    import sys
+
+    import transduce.commands.translate as command
+
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a dog.\n" * 5 + "the bike.", encoding="utf-8")  # 6 lines, the last without a line end
+    argv = ["translate", "--model", str(checkpoint), "-i", str(src), "-o", str(out), "--device", "cpu"]
+    assert main(argv) == 0
+    assert "lines/s" not in capsys.readouterr().err  # a log file or a pipe: no bar
+    monkeypatch.setattr(command, "_is_terminal", lambda stream: stream is sys.stderr)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "0/6 [" in err and "lines/s" in err  # the input's 6 lines are the total
+    assert main([*argv, "--interactive"]) == 0  # each line answered as it comes: no bar
+    assert "lines/s" not in capsys.readouterr().err
+    packed = tmp_path / "in.txt.gz"
+    packed.write_bytes(gzip.compress(src.read_bytes()))
+    assert main([*argv[:4], str(packed), *argv[5:]]) == 0  # no total without decompressing: a count
+    err = capsys.readouterr().err
+    assert "0 lines [" in err and "/6" not in err
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 6

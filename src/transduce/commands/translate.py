@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
     with open_output(args.output) as out:  # a file appears only when complete; stdout streams
         # interactive: a chunk of one line, flushed at once (else: sorted chunks of 2000 lines for speed)
         chunks = translator.translate_lines(lines, cfg, chunk_size=1 if interactive else 2000)
+        chunks = progress(chunks, args.input, shown=not interactive)
         for index, translations in enumerate(chunks):
             out.write(write(index, translations))
             if interactive:
@@ -288,6 +290,31 @@ def format_json(index: int, translations: list) -> str:
     """``{"id": ID, "translations": [{"text", "score", "log_prob"}, ...]}`` on one line, best first."""
     hyps = [{"text": t.text, "score": round(t.score, 6), "log_prob": round(t.log_prob, 6)} for t in translations]
     return json.dumps({"id": index, "translations": hyps}, ensure_ascii=False) + "\n"
+
+
+def progress(items: Iterable[Any], path: str, *, shown: bool) -> Iterable[Any]:
+    """``items`` (one per line translated) with a progress bar on standard error when that is a terminal and
+    ``shown`` (not interactive translation); nothing is drawn into a log file or a pipe. The bar's total is the
+    line count of a plain input file, counted in 1 MiB blocks (none for standard input or a gzipped file)."""
+    if not (shown and _is_terminal(sys.stderr)):
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, total=_count_lines(path), unit=" lines", file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def _count_lines(path: str) -> int | None:
+    if path == "-" or not Path(path).is_file():
+        return None
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":  # gzip: no count without decompressing it
+            return None
+        f.seek(0)
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
 
 
 def _is_terminal(stream: Any) -> bool:
