@@ -143,6 +143,7 @@ def _stepped(**train):
 def test_loaded_optimizer_state_brings_the_moments_and_keeps_this_run_s_hyper_parameters(saved, now, caplog):
     before = _stepped(**saved)
     after = _trainer(**now)
+    caplog.clear()  # (what building the trainers logged)
     with caplog.at_level("INFO", logger="transduce.trainer"):
         after.load_state_dict(before.state_dict(), source="runs/pretrained/checkpoints/step_00000002")
     cfg, old = after.cfg, before.cfg
