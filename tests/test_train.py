@@ -217,6 +217,44 @@ def test_save_every_minutes_and_max_minutes_follow_wall_time(data, tmp_path, mon
     assert "finished (max_minutes) at step 16 in 8.0 min" in (run / "train.log").read_text()
 
 
+def test_a_run_that_the_time_limit_ends_logs_its_steps_against_that_limit(data, tmp_path, monkeypatch):
+    """max_steps 100,000 (the default) and max_minutes 8 at 30 s an update: the lines say how much of the 8 minutes
+    has passed, not "step 4/100000"; where max_steps comes first the line counts steps as before."""
+    clock = _Clock()
+    real = Trainer.train_step
+
+    def slow_step(self, batches, *rest):
+        clock.now += 30.0
+        return real(self, batches, *rest)
+
+    monkeypatch.setattr(train_module, "time", clock)
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: plain lines
+    run = tmp_path / "run"
+    outcome = train(_cfg(data, run, max_steps=100_000, max_minutes=8, log_every=4, valid_every=0, keep_last=0))
+    assert (outcome.reason, outcome.step) == ("max_minutes", 16)
+    lines = [ln for ln in (run / "train.log").read_text().splitlines() if " tok/s " in ln]
+    assert len(lines) == 4 and not any("/100000" in ln for ln in lines)
+    for step, line in zip((4, 8, 12, 16), lines, strict=True):
+        elapsed, left = step * 30, 480 - step * 30
+        clock_text = f"time 0:{elapsed // 60:02d}:{elapsed % 60:02d}/0:08:00 ETA 0:{left // 60:02d}:{left % 60:02d}"
+        assert re.search(rf"step {step} epoch \d+ loss [\d.]+ lr [\d.e+-]+ [\d,]+ tok/s {clock_text}$", line), line
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())  # a terminal: the bar counts steps, its total is not 100,000
+    train(_cfg(data, tmp_path / "bar", max_steps=100_000, max_minutes=8, log_every=4, valid_every=0, keep_last=0))
+    bar = sys.stderr.getvalue()
+    assert "time 0:08:00/0:08:00 ETA 0:00:00" in bar and "100000" not in bar
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    steps_first = tmp_path / "steps_first"
+    train(_cfg(data, steps_first, max_steps=8, max_minutes=8, log_every=4, valid_every=0, keep_last=0))
+    lines = [ln for ln in (steps_first / "train.log").read_text().splitlines() if " tok/s " in ln]
+    assert [re.search(r"step (\S+) ", ln).group(1) for ln in lines] == ["4/8", "8/8"] and "time " not in lines[0]
+
+
 _DRIVER = textwrap.dedent(
     """
     import os, sys

@@ -60,9 +60,13 @@ class RunLog:
         max_steps: for the bar's total and the ETA (0: unknown).
         enabled: False on ranks other than 0: everything is a no-op.
         initial_step: the step a resumed run starts from.
+        time_limited: the run also stops at a time limit: the bar has no total until :meth:`progress` tells which
+            limit comes first.
     """
 
-    def __init__(self, run_dir: Path, max_steps: int, *, enabled: bool = True, initial_step: int = 0) -> None:
+    def __init__(
+        self, run_dir: Path, max_steps: int, *, enabled: bool = True, initial_step: int = 0, time_limited: bool = False
+    ) -> None:
         self.enabled = enabled
         self.max_steps = max_steps
         self._bar = None
@@ -86,7 +90,8 @@ class RunLog:
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=max_steps or None, initial=initial_step, unit="step", dynamic_ncols=True)
+            total = None if time_limited else max_steps or None
+            self._bar = tqdm(total=total, initial=initial_step, unit="step", dynamic_ncols=True)
 
     def event(self, kind: str, step: int, **values: Any) -> None:
         """Append one event to ``metrics.jsonl`` (flushed) and its numbers to TensorBoard."""
@@ -101,19 +106,38 @@ class RunLog:
                 if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
 
-    def progress(self, step: int, epoch: int, loss: float, lr: float, tokens_per_s: float, eta_s: float) -> None:
-        """Update the bar (terminal) or write a plain line (otherwise)."""
+    def progress(
+        self,
+        step: int,
+        epoch: int,
+        loss: float,
+        lr: float,
+        tokens_per_s: float,
+        eta_s: float,
+        *,
+        clock: tuple[float, float] | None = None,
+    ) -> None:
+        """Update the bar (terminal) or write a plain line (otherwise).
+
+        Args:
+            clock: ``(elapsed, limit)`` in seconds where a time limit ends the run before ``max_steps``: the step
+                is then shown against the time (``time 0:02:00/0:08:00``), not against a step count it will never
+                reach.
+        """
         if not self.enabled:
             return
         eta = _hms(eta_s) if math.isfinite(eta_s) else "?"
+        timing = f"time {_hms(clock[0])}/{_hms(clock[1])} " if clock is not None else ""
         if self._bar is not None:
             self._bar.n = step
-            self._bar.set_postfix_str(f"ep {epoch} loss {loss:.3f} lr {lr:.2e} {tokens_per_s:,.0f} tok/s ETA {eta}")
+            self._bar.total = None if clock is not None else (self.max_steps or None)
+            postfix = f"ep {epoch} loss {loss:.3f} lr {lr:.2e} {tokens_per_s:,.0f} tok/s {timing}ETA {eta}"
+            self._bar.set_postfix_str(postfix)
         else:
-            total = f"/{self.max_steps}" if self.max_steps else ""
+            total = f"/{self.max_steps}" if self.max_steps and clock is None else ""
             log.info(
-                "step %d%s epoch %d loss %.4f lr %.3e %s tok/s ETA %s",
-                step, total, epoch, loss, lr, f"{tokens_per_s:,.0f}", eta,
+                "step %d%s epoch %d loss %.4f lr %.3e %s tok/s %sETA %s",
+                step, total, epoch, loss, lr, f"{tokens_per_s:,.0f}", timing, eta,
             )  # fmt: skip
 
     def info(self, message: str, *args: Any) -> None:

@@ -222,7 +222,8 @@ class _Run:
             self._restore()
             if dist.is_main:  # the overrides are saved only now that the run goes ahead with them
                 ckpt.write_text_atomic(self.run_dir / CONFIG_FILE, self.config.to_yaml())
-        self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step)
+        self.runlog = RunLog(self.run_dir, self.cfg.max_steps, enabled=dist.is_main, initial_step=self.trainer.step,
+                             time_limited=self.cfg.max_minutes > 0)  # fmt: skip
         d_model = self.config.model.d_model  # (a fine-tuning run's: the pretrained model's)
         self.runlog.info("learning rate: %s", optim.describe_schedule(self.cfg, d_model))
         short_warmup = optim.warmup_beyond_run(self.cfg, d_model)
@@ -384,9 +385,12 @@ class _Run:
                 rate = speed.rate()
                 done = step - process_start_step
                 eta = (cfg.max_steps - step) * (time.monotonic() - started) / max(done, 1)
+                clock = None  # (elapsed, limit) in seconds where the time limit comes first: logged against it
                 if cfg.max_minutes > 0:  # whichever limit comes first
-                    eta = min(eta, max(0.0, 60 * cfg.max_minutes - elapsed()))
-                self.runlog.progress(step, self.state.epoch, loss, result.lr, rate, eta)
+                    left = max(0.0, 60 * cfg.max_minutes - elapsed())
+                    clock = (elapsed(), 60 * cfg.max_minutes) if left < eta else None
+                    eta = min(eta, left)
+                self.runlog.progress(step, self.state.epoch, loss, result.lr, rate, eta, clock=clock)
                 self.runlog.event("train", step, epoch=self.state.epoch, loss=loss, lr=result.lr, tokens_per_s=rate,
                                   grad_norm=result.grad_norm, skipped_total=trainer.nonfinite_total)  # fmt: skip
                 interval_loss = interval_tokens = 0.0
