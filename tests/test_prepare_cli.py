@@ -78,7 +78,7 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
         (["--src-file", train + ".en", "-o", out],
          "--src-file and --tgt-file go together (the two sides of the training corpus)\n"),
         (["--src-file", train + ".en", "--tgt-file", str(tmp_path / "none.de"), "-o", out],
-         f"{tmp_path / 'none.de'}: file not found\n"),
+         f"{tmp_path / 'none.de'}: file not found (data.train)\n"),
     ]  # fmt: skip
     for argv, expected in cases:
         code, err = run(capsys, *argv)
