@@ -130,7 +130,7 @@ def test_decoding_errors_found_by_the_config_name_the_option_given():
     from transduce.config import ConfigError, DecodeConfig
 
     args = build_parser().parse_args(["translate", "--model", "m"])
-    args.top_p = 1.5  # past argparse's check, as a caller of decode_config could give it
+    args.sampling, args.top_p = True, 1.5  # past argparse's check, as a caller of decode_config could give it
     with pytest.raises(ConfigError, match=r"^--top-p: must be in \(0, 1\], got 1.5$"):
         decode_config(args, DecodeConfig())
 
@@ -257,7 +257,7 @@ def test_a_failed_train_leaves_no_run_directory(tsv_corpus, tmp_path, capsys):
     run = tmp_path / "runs" / "new"
     missing = tmp_path / "missing.tsv"
     assert main(["train", "--preset", "test", "--train", str(missing), "-o", str(run)]) == 2
-    assert capsys.readouterr().err == f"transduce train: error: {missing}: file not found\n"
+    assert capsys.readouterr().err == f"transduce train: error: {missing}: file not found (data.train)\n"
     assert not (tmp_path / "runs").exists()  # the directories the run created, parents too
     # a directory that was there before is left alone, even empty
     run.mkdir(parents=True)
