@@ -87,6 +87,18 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
     return f"{message}; did you mean {close[0]}?" if close else message
 
 
+def _check_replaced_directories(args: argparse.Namespace, files: Files) -> None:
+    """A directory the verb replaces as a whole (``average``, ``export``, ``import-hf`` -o DIR) must not be an
+    existing file: refused before any model is loaded."""
+    from transduce.commands.options import check_directory_output
+
+    for dest in files.replaced:
+        actions = [a for a in args._parser._actions if a.dest == dest and a.help != argparse.SUPPRESS]
+        name = "/".join(actions[0].option_strings) if actions else dest
+        value = getattr(args, dest, None)
+        check_directory_output(value if isinstance(value, str) else None, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -106,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # an output that is one of the inputs is refused before anything is read or written
         check_arguments(args, args._parser, getattr(args._module, "FILES", Files()))
+        _check_replaced_directories(args, getattr(args._module, "FILES", Files()))
         code = int(args._module.run(args) or 0)
     except TransduceError as e:
         print(f"transduce {args.command}: error: {e}", file=sys.stderr)

@@ -104,6 +104,8 @@ def run_quickstart(
     write_corpus(out_dir / "corpus", train=train_pairs, valid=max(1, test_pairs // 2), test=test_pairs, seed=seed)
     cfg = quickstart_config(out_dir, minutes=minutes, seed=seed)
     outcome = train(cfg)
+    if outcome.exit_code:  # stopped by Ctrl-C (or SIGTERM) with a checkpoint: no results from a model cut short
+        raise KeyboardInterrupt
 
     translator = Translator.load(outcome.run_dir)
     sources = [text for _, text in read_lines(out_dir / "corpus" / f"test.{SRC_SUFFIX}")]

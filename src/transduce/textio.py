@@ -65,6 +65,8 @@ def open_binary(path: str | Path) -> BinaryIO:
         raw = open(path, "rb")  # noqa: SIM115 (returned to the caller)
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a text file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read: {e.strerror}") from None
     if raw.peek(2)[:2] == GZIP_MAGIC:

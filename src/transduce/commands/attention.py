@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
-from transduce.commands.options import add_output_argument
+from transduce.commands.options import add_output_argument, check_file_output
 from transduce.commands.translate import add_model_arguments, decode_config, load_translator
 from transduce.errors import TransduceError
 from transduce.files import Files
 
 log = logging.getLogger(__name__)
+
+MAX_CHARS = 1000  # the longest --src or --tgt: a picture's axes are legible for a sentence, not a document
 
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
@@ -41,6 +44,15 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.model) > 1:
         raise TransduceError(f"attention draws one model's weights: give one --model, not {len(args.model)}")
+    check_file_output(args.output, "-o/--output")
+    if Path(args.output).suffix.lower() != ".png":
+        raise TransduceError(f"-o/--output {args.output}: the pictures are PNG files; give a name ending in .png")
+    for option, text in (("--src", args.src), ("--tgt", args.tgt)):
+        if text is not None and not text.strip():
+            raise TransduceError(f"{option} is empty; give the sentence to draw")
+        if text is not None and len(text) > MAX_CHARS:
+            raise TransduceError(f"{option}: {len(text):,} characters, more than {MAX_CHARS:,}: attention is drawn "
+                                 "for one sentence")  # fmt: skip
     translator = load_translator(args)
     translator.decode = decode_config(args, translator.decode)  # the translation drawn is the one translate gives
     target = args.tgt

@@ -22,7 +22,7 @@ import argparse
 import json
 import logging
 
-from transduce.commands.options import add_output_argument, hidden_alias
+from transduce.commands.options import add_output_argument, check_file_output, hidden_alias
 from transduce.commands.translate import add_model_arguments, check_field, decode_config, load_translator
 from transduce.errors import TransduceError
 from transduce.files import Files, write_text
@@ -92,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.src is None) == (args.hyp is None):
         raise TransduceError("give exactly one of --src (with --model) and --hyp")
+    if args.hyp is not None and args.output:
+        raise TransduceError("-o/--output writes the translations of --src; with --hyp nothing is translated")
+    check_file_output(args.output, "-o/--output")
     ref = _references(args)
     references = _read(ref, "target", args.tgt_field)
     evidence = None if args.force else tokenized_evidence(references)

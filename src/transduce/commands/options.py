@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 
@@ -67,6 +68,30 @@ def _bounded(kind: type, text: str, low: float, high: float | None, *, open_low:
     if not math.isfinite(value) or below or (high is not None and value > high):
         raise argparse.ArgumentTypeError(f"must be {bounds} (got {text})")
     return value
+
+
+def check_file_output(path: str | None, option: str) -> None:
+    """Refuse, before any work, a file output that names an existing directory (``"-"``, standard output, passes).
+
+    Raises:
+        TransduceError: ``-o/--output runs/x: is a directory; give a file name``.
+    """
+    from transduce.errors import TransduceError
+
+    if path and path != "-" and Path(path).is_dir():
+        raise TransduceError(f"{option} {path}: is a directory; give a file name")
+
+
+def check_directory_output(path: str | None, option: str) -> None:
+    """Refuse, before any work, a directory output that names an existing file (which writing would replace).
+
+    Raises:
+        TransduceError: ``-o/--output notes.txt: exists and is not a directory; ...``.
+    """
+    from transduce.errors import TransduceError
+
+    if path and Path(path).exists() and not Path(path).is_dir():
+        raise TransduceError(f"{option} {path}: exists and is not a directory; refusing to replace a file")
 
 
 def model_and_output(args: argparse.Namespace, what: str) -> tuple[str, str]:

@@ -25,13 +25,14 @@ import logging
 import sys
 import time
 
-from transduce.commands.options import add_output_argument
-from transduce.commands.translate import add_model_arguments, decode_config
+from transduce.commands.options import add_output_argument, check_file_output, non_negative_int, positive_int
+from transduce.commands.translate import add_model_arguments, check_input, decode_config
 from transduce.files import Files, open_output, write_text
 
 log = logging.getLogger(__name__)
 
 BASELINES = ("pcfg", "right-branching")
+MAX_WORDS = 400  # the default of --max-words: CKY's time grows with the cube of a sentence's length
 
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
@@ -62,13 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--unlabelled", action="store_true", help="with --treebank: also print unlabelled scores")
     parser.add_argument("--run-decoding", action="store_true", help="decode with the run's config, not the paper's")
+    parser.add_argument(
+        "--max-words", type=positive_int, default=MAX_WORDS, metavar="N",
+        help=f"refuse a sentence of more than N words (default: {MAX_WORDS}; the longest Penn Treebank one has 141)",
+    )  # fmt: skip
     g = parser.add_argument_group("baselines (instead of --model)")
     g.add_argument("--baseline", choices=BASELINES, help="a treebank PCFG (Viterbi CKY) or right-branching trees")
     g.add_argument(
         "--train", metavar="SPEC",
         help="the training treebank the baseline is read from (right-branching: for its two labels; S and VP without)",
     )  # fmt: skip
-    g.add_argument("--markov", type=int, default=2, help="PCFG: horizontal Markov order of binarisation")
+    g.add_argument("--markov", type=non_negative_int, default=2, help="PCFG: horizontal Markov order of binarisation")
     g.add_argument("--parent", action="store_true", help="PCFG: parent annotation")
 
 
@@ -86,13 +91,23 @@ def run(args: argparse.Namespace) -> int:
         raise TransduceError("give --model RUN_DIR (a model trained with data.task: parse) or --baseline")
     if args.scores and not args.treebank:
         raise TransduceError("--scores needs --treebank SPEC (the trees to score against)")
+    check_file_output(args.output, "-o/--output")
+    check_file_output(args.scores, "--scores")
     if args.threads:
         torch.set_num_threads(args.threads)
     gold = read_treebank(args.treebank) if args.treebank else None
     if gold is not None:
-        sentences = [tree.words() for tree in gold]
+        if not gold:
+            raise TransduceError(f"{args.treebank}: no trees to parse")
+        numbered = [(f"{args.treebank}, tree {i}", tree.words()) for i, tree in enumerate(gold, start=1)]
     else:
-        sentences = [line.split() for _, line in read_lines(args.input)]
+        check_input(args.input, what="parse", hint="")
+        name = "standard input" if args.input == "-" else args.input
+        numbered = [(f"{name}, line {n}", line.split()) for n, line in read_lines(args.input)]
+    for where, words in numbered:
+        if len(words) > args.max_words:
+            raise TransduceError(f"{where}: {len(words):,} words, more than --max-words {args.max_words}")
+    sentences = [words for _, words in numbered]
     started = time.perf_counter()
     if args.baseline:
         trees, repaired = _baseline(args, read_treebank(args.train) if args.train else None, sentences), None
@@ -100,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         from transduce.parsing.parser import PAPER_DECODE, Parser
         from transduce.translate import Translator
 
+        check_parsing_models(args.model)
         parser = Parser(Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens))
         base = parser.translator.decode if args.run_decoding else PAPER_DECODE
         results = parser.parse(
@@ -127,6 +143,25 @@ def run(args: argparse.Namespace) -> int:
                     **({} if args.baseline else {"constrained": not args.unconstrained})}  # fmt: skip
             write_text(args.scores, json.dumps(info, indent=2) + "\n")
     return 0
+
+
+def check_parsing_models(paths: list[str]) -> None:
+    """Refuse a translation model from its recorded task before any weights are loaded.
+
+    Raises:
+        ConfigError: naming the model and its task.
+    """
+    from transduce import checkpoint as ckpt
+    from transduce.config import ConfigError
+
+    for path in paths:
+        try:
+            task = ckpt.read_info(path).config.data.task
+        except ckpt.CheckpointError:  # not a transduce checkpoint (missing, or a Marian directory): loading says so
+            continue
+        if task != "parse":
+            raise ConfigError(f"{path}: the model was trained with data.task: {task}: parsing needs a model trained "
+                              "with data.task: parse")  # fmt: skip
 
 
 def _baseline(args: argparse.Namespace, train, sentences):

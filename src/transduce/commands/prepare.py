@@ -19,9 +19,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import Any
 
-from transduce.commands.options import add_output_argument
+from transduce.commands.options import (
+    add_output_argument,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 from transduce.config import Config, ConfigError, DataConfig
 from transduce.data import prepare
 from transduce.files import Files
@@ -65,17 +72,19 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--test", metavar="CORPUS", action="append", help="a test corpus (repeatable; every line kept)")
     g.add_argument("--src-field", metavar="NAME", help="JSON Lines: field of the source (default: src; a.b nests)")
     g.add_argument("--tgt-field", metavar="NAME", help="JSON Lines: field of the target (default: tgt)")
-    g.add_argument("--vocab-size", type=int, metavar="N", help="subword vocabulary size")
+    g.add_argument("--vocab-size", type=positive_int, metavar="N", help="subword vocabulary size")
     g.add_argument("--vocab-type", choices=("bpe", "unigram"), help="SentencePiece model type")
     g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
     g.add_argument("--lowercase", action="store_true", help="lowercase both sides (also at translation)")
-    g.add_argument("--max-len", type=int, metavar="N", help="drop training pairs longer than N tokens")
-    g.add_argument("--max-len-ratio", type=float, metavar="R", help="drop training pairs with a length ratio > R")
-    g.add_argument("--input-sentence-size", type=int, metavar="N", help="sentences sampled for the vocabulary")
-    g.add_argument("--character-coverage", type=float, metavar="C", help="SentencePiece character coverage")
+    g.add_argument("--max-len", type=positive_int, metavar="N", help="drop training pairs longer than N tokens")
+    g.add_argument(
+        "--max-len-ratio", type=positive_float, metavar="R", help="drop training pairs with a length ratio > R"
+    )
+    g.add_argument("--input-sentence-size", type=positive_int, metavar="N", help="sentences sampled for the vocabulary")
+    g.add_argument("--character-coverage", type=probability, metavar="C", help="SentencePiece character coverage")
     g.add_argument("--dedup", action="store_true", help="drop exact duplicate training pairs")
     g.add_argument("--skip-invalid-utf8", action="store_true", help="skip (and count) pairs that are not UTF-8")
-    g.add_argument("--workers", type=int, metavar="N", help="encoding processes (0: all cores)")
+    g.add_argument("--workers", type=non_negative_int, metavar="N", help="encoding processes (0: all cores)")
 
 
 def data_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +131,15 @@ def run(args: argparse.Namespace) -> int:
     out = args.output or cfg.prepared
     if not out:
         raise ConfigError("no output directory: pass --output DIR or set data.prepared")
-    manifest = prepare(cfg, out, force=args.force)
+    from transduce.commands.train import _first_missing, _remove_empty_tree
+
+    created = _first_missing(Path(out))
+    try:
+        manifest = prepare(cfg, out, force=args.force)
+    except BaseException:  # the directories made for the output go with it
+        if created is not None:
+            _remove_empty_tree(created)
+        raise
     train = manifest["splits"]["train"]
     log.info("%s: %d training pairs, vocabulary %s", out, train["pairs"], manifest["tokenizer"]["src_vocab_size"])
     return 0

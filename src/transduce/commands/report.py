@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from transduce.commands.options import positive_int
+from transduce.commands.options import non_negative_float, positive_int
 from transduce.commands.translate import add_device_arguments
 from transduce.config import LENGTH_NORMS
+from transduce.errors import TransduceError
 from transduce.files import Files
 from transduce.report import evaluate_run, write_report
 
@@ -27,13 +29,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--beam", type=positive_int, metavar="K", help="beam size (default: the run's decode.beam)")
     p.add_argument(
-        "--length-penalty", type=float, metavar="ALPHA", help="penalty alpha (default: the run's decode.length_penalty)"
+        "--length-penalty",
+        type=non_negative_float,
+        metavar="ALPHA",
+        help="penalty alpha (default: the run's decode.length_penalty)",
     )
     p.add_argument("--length-norm", choices=LENGTH_NORMS, help="gnmt or length (default: the run's decode.length_norm)")
     add_device_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (Path(args.run_dir) / "config.yaml").is_file():
+        raise TransduceError(f"{args.run_dir}: not a run directory (no config.yaml)")
     if args.evaluate:
         given = {"beam": args.beam, "length_penalty": args.length_penalty, "length_norm": args.length_norm}
         decode = {k: v for k, v in given.items() if v is not None}

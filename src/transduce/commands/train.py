@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from transduce.commands.options import add_output_argument
+from transduce.commands.options import add_output_argument, check_directory_output
 from transduce.commands.prepare import add_data_arguments, data_flags
 from transduce.config import MODEL_PRESETS, Config, TrainConfig
 from transduce.files import Files
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         config = Config.resolve({}, overrides, options=options)
     else:
         raise TrainingError("missing CONFIG.yaml (or --resume RUN_DIR, or --preset NAME with the data: --train CORPUS)")
+    check_directory_output(config.train.run_dir, "-o/--output" if args.output else "train.run_dir")
     created = _first_missing(Path(config.train.run_dir))
     try:
         return train(config).exit_code

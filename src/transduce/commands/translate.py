@@ -28,6 +28,7 @@ from typing import Any
 
 from transduce.commands.options import (
     add_output_argument,
+    check_file_output,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -155,6 +156,10 @@ def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
         raise ConfigError(f"--{given[field].replace('_', '-')}: {reason}") from None
 
 
+#: how to get past a line that is not UTF-8 (translate's --replace-invalid)
+INVALID_HINT = "use --replace-invalid to translate it with U+FFFD in place"
+
+
 def load_translator(args: argparse.Namespace):
     import torch
 
@@ -201,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_input(args.input, replace_invalid=args.replace_invalid)
     check_corpus_side(args.input, "source", args.src_field)
+    check_file_output(args.output, "-o/--output")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode)
     terminal = args.input == "-" and _is_terminal(sys.stdin)
@@ -224,12 +230,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_input(path: str, *, replace_invalid: bool = False) -> None:
-    """Refuse an input file that cannot be translated before the model is loaded: missing, a directory, or not
-    UTF-8 (one pass in 1 MiB blocks). Standard input, pipes and devices are read as they come.
+def check_input(path: str, *, replace_invalid: bool = False, what: str = "translate", hint: str = INVALID_HINT) -> None:
+    """Refuse an input file that cannot be translated (``what``) before the model is loaded: missing, a directory,
+    empty, or not UTF-8 (one pass in 1 MiB blocks). Standard input, pipes and devices are read as they come (an empty
+    standard input gives an empty output).
 
     Raises:
-        DataError: naming the file (and the first line that is not UTF-8).
+        DataError: naming the file (and the first line that is not UTF-8, followed by ``hint``).
     """
     from transduce.errors import DataError
     from transduce.textio import scan_text
@@ -241,9 +248,11 @@ def check_input(path: str, *, replace_invalid: bool = False) -> None:
     if not Path(path).exists():
         raise DataError(f"{path}: file not found")
     if Path(path).is_file():
-        invalid = scan_text(path).first_invalid
-        if invalid and not replace_invalid:
-            raise DataError(f"{invalid}; use --replace-invalid to translate it with U+FFFD in place")
+        scan = scan_text(path)
+        if scan.first_invalid and not replace_invalid:
+            raise DataError(f"{scan.first_invalid}; {hint}" if hint else scan.first_invalid)
+        if not scan.lines:
+            raise DataError(f"{path}: the file is empty: no lines to {what}")
 
 
 def check_corpus_side(path: str, side: str, field: str | None) -> None:
