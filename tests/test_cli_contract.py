@@ -464,6 +464,22 @@ def test_a_port_in_use_is_refused_in_one_line(files, cli):
                    "server?); choose another with --port"]  # fmt: skip
 
 
+def test_a_port_taken_after_the_check_is_still_one_error_line_not_an_exit_from_uvicorn(files, cli, monkeypatch):
+    pytest.importorskip("uvicorn")
+    import transduce.commands.serve
+
+    monkeypatch.setattr(transduce.commands.serve, "check_address", lambda host, port: None)  # taken meanwhile
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = cli(["serve", "--model", files.model, "--port", port, "-q"])
+    assert code == 2
+    assert err[-1] == (f"transduce serve: error: cannot listen on 127.0.0.1:{port}: the server did not start (the log "
+                       "above says why)")  # fmt: skip
+    assert not any("Traceback" in line for line in err)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # unusual but valid input
 

@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         log.info("stopped")
     except ValueError as e:
         raise TransduceError(str(e)) from None
+    except SystemExit as e:  # uvicorn exits when it cannot start (the port taken since check_address): one line
+        if e.code in (0, None):
+            raise
+        shown = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
+        raise TransduceError(f"cannot listen on {shown}: the server did not start (the log above says why)") from None
     return 0
 
 
