@@ -71,16 +71,7 @@ class BodySizeLimit:
             if not message_in.get("more_body", False):
                 break
         body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, _replaying(body, receive), send)
 
     async def _drain(self, receive: Receive, size: int = 0) -> None:
         while size <= self.drain_bytes:
@@ -121,16 +112,21 @@ class JsonBody:
             detail = [{"type": kind, "loc": ["body"], "msg": message}]
             await JSONResponse({"error": message, "detail": detail}, status_code=422)(scope, receive, send)
             return
-        replayed = False
+        await self.app(scope, _replaying(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the already-read ``body`` as one message, then defers to ``receive``."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _json_body_problem(content_type: bytes | None, body: bytes) -> tuple[str, str] | None:
