@@ -488,6 +488,7 @@ def test_windows_line_ends_are_read_as_line_ends(files, cli):
     out = files.root / "crlf.out"
     try:
         code, _, err = cli(["translate", "--model", files.model, "-i", files.crlf, "-o", out, "--beam", "1"])
+        err = [line for line in err if "transduce.model.kernels" not in line]  # a first use builds the kernels
         assert code == 0 and len(err) == 2  # "loaded ..." and "translated 2 lines"
         assert out.read_bytes().count(b"\n") == 2 and b"\r" not in out.read_bytes()
         code, stdout, _ = cli(["evaluate", "--hyp", files.crlf, "--ref", files.ref, "--json"])
