@@ -176,7 +176,7 @@ def replaced_on_success(path: str | Path) -> Iterator[Path]:
     temporary name keeps the suffix (``.out.tmp-PID-XXXXXXXX.png``), for writers that choose a format by it.
     """
     target = Path(os.path.realpath(path))
-    created = _first_missing(target.parent)
+    created = first_missing(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.stem}.tmp-{os.getpid()}-{secrets.token_hex(4)}{target.suffix}")
     try:
@@ -219,14 +219,40 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
-def _first_missing(directory: Path) -> Path | None:
-    """The outermost of ``directory`` and its parents that does not exist yet."""
+def first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (what creating ``path`` creates)."""
     missing = None
-    for candidate in (directory, *directory.parents):
+    for candidate in (path, *path.parents):
         if candidate.exists():
             break
         missing = candidate
     return missing
+
+
+def remove_empty_tree(directory: Path) -> None:
+    """Remove ``directory`` if it holds only empty directories (what a command that failed early leaves)."""
+    if not directory.is_dir():
+        return
+    for sub, _, files in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):  # deepest first
+        if files:
+            return
+        try:
+            os.rmdir(sub)
+        except OSError:  # not empty after all (a file appeared, or another process's): keep it
+            return
+
+
+@contextlib.contextmanager
+def directories_removed_on_failure(directory: str | Path) -> Iterator[None]:
+    """If the ``with`` block raises, remove the directories that making ``directory`` created (those missing when
+    the block began) where they hold only empty directories; a directory that was there before is left alone."""
+    created = first_missing(Path(directory))
+    try:
+        yield
+    except BaseException:
+        if created is not None:
+            remove_empty_tree(created)
+        raise
 
 
 def _remove_empty_dirs(top: Path, deepest: Path) -> None:

@@ -7,7 +7,6 @@ fetches NLTK's Penn Treebank sample (DIR/treebank.zip, unpacked into DIR/treeban
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from transduce.commands.options import check_directory_output
 from transduce.download import DATASETS, MULTI30K_URL, download
@@ -29,16 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.commands.train import _first_missing, _remove_empty_tree
+    from transduce.files import directories_removed_on_failure
 
     check_directory_output(args.directory, "directory")
     langs = tuple(x.strip() for x in args.langs.split(",") if x.strip()) or None
-    created = _first_missing(Path(args.directory))
-    try:
+    with directories_removed_on_failure(args.directory):  # a failed first fetch leaves no empty directory behind
         paths = download(args.dataset, args.directory, langs=langs, base_url=args.base_url, force=args.force)
-    except BaseException:  # a failed first fetch leaves no empty directory behind
-        if created is not None:
-            _remove_empty_tree(created)
-        raise
     print(f"{len(paths)} files in {args.directory}")
     return 0

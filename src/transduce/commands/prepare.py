@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
 from transduce.commands.options import (
@@ -131,15 +130,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.output or cfg.prepared
     if not out:
         raise ConfigError("no output directory: pass --output DIR or set data.prepared")
-    from transduce.commands.train import _first_missing, _remove_empty_tree
+    from transduce.files import directories_removed_on_failure
 
-    created = _first_missing(Path(out))
-    try:
+    with directories_removed_on_failure(out):  # the directories made for the output go with it
         manifest = prepare(cfg, out, force=args.force)
-    except BaseException:  # the directories made for the output go with it
-        if created is not None:
-            _remove_empty_tree(created)
-        raise
     train = manifest["splits"]["train"]
     log.info("%s: %d training pairs, vocabulary %s", out, train["pairs"], manifest["tokenizer"]["src_vocab_size"])
     return 0

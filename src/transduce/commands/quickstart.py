@@ -27,10 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.commands.train import _first_missing
+    from transduce.files import first_missing
 
     check_directory_output(args.output, "-o/--output")
-    created = _first_missing(Path(args.output))
+    created = first_missing(Path(args.output))
     try:
         r = run_quickstart(
             args.output, minutes=args.minutes, seed=args.seed, train_pairs=args.train_pairs, test_pairs=args.test_pairs

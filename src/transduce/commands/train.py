@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 from transduce.commands.options import add_output_argument, check_directory_output
 from transduce.commands.prepare import add_data_arguments, data_flags
 from transduce.config import MODEL_PRESETS, Config, TrainConfig
-from transduce.files import Files
+from transduce.files import Files, directories_removed_on_failure
 
 
 def _field_docs(cls: type) -> str:
@@ -105,13 +103,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise TrainingError("missing CONFIG.yaml (or --resume RUN_DIR, or --preset NAME with the data: --train CORPUS)")
     check_directory_output(config.train.run_dir, "-o/--output" if args.output else "train.run_dir")
-    created = _first_missing(Path(config.train.run_dir))
-    try:
+    with directories_removed_on_failure(config.train.run_dir):
         return train(config).exit_code
-    except BaseException:
-        if created is not None:
-            _remove_empty_tree(created)
-        raise
 
 
 def _options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -125,26 +118,3 @@ def _options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if data:
         options["data"] = data
     return options
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost of ``path`` and its parents that does not exist yet (what creating ``path`` creates)."""
-    missing = None
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
-
-
-def _remove_empty_tree(directory: Path) -> None:
-    """Remove ``directory`` if it holds only empty directories (what a run that failed early leaves)."""
-    if not directory.is_dir():
-        return
-    for sub, _, files in sorted(os.walk(directory), key=lambda entry: -len(entry[0])):  # deepest first
-        if files:
-            return
-        try:
-            os.rmdir(sub)
-        except OSError:  # not empty after all (a file appeared, or another process's): keep it
-            return
