@@ -70,4 +70,4 @@ def test_every_script_uses_the_harness_and_speaks_only_of_the_repository(script)
 
 def test_the_kept_scripts(harness):
     assert SCRIPTS == ["bpe_dropout", "casing", "decode_compare", "gpu_check", "linear_backends", "multi30k_select",
-                       "prepare", "scaling", "serve_load", "train_speed", "utf8_check"]  # fmt: skip
+                       "prepare", "scaling", "serve_load", "train_memory", "train_speed", "utf8_check"]  # fmt: skip

@@ -36,6 +36,10 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
 - ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches, for at most
   ``pause_gc_limit_s`` while searches keep overlapping. Fallback: the collector runs as usual.
+- ``block_cache``: training on the CPU takes tensors of 256 KiB and more from transduce's block cache
+  (``model/csrc/allocator.cpp``, part of the kernels; :mod:`transduce.memory`), which reuses blocks of about the
+  right size within a bound. Fallback: the C library's allocator, whose heap fragments under batches of changing
+  shapes (a Multi30k training process held 4.4 GB after 300 updates instead of 1.3).
 
 Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
 briefly. Only ``kernels`` has an environment variable: the others are for tests, benchmarks and users who know
@@ -119,6 +123,8 @@ class FastPaths:
     pause_gc: bool = True
     # ... for at most this long while searches keep overlapping (a full collection then)
     pause_gc_limit_s: float = 10.0
+    # training on the CPU: large tensors from transduce's block cache (model/csrc/allocator.cpp; transduce.memory)
+    block_cache: bool = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         _check(name, value)

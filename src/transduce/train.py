@@ -31,7 +31,7 @@ import torch
 import torch.distributed as tdist
 
 from transduce import checkpoint as ckpt
-from transduce import finetune, optim
+from transduce import finetune, memory, optim
 from transduce.config import Config, ConfigError
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
@@ -486,12 +486,13 @@ def train(config: Config | None = None, *, resume: str | Path | None = None, ove
     shared_gpu = device.type == "cuda" and ":" in config.train.device and launched_world_size() > 1
     dist = setup(device, config.train.dist_timeout_minutes, shared_gpu=shared_gpu)
     try:
-        run = _Run(config, dist, device, resume=resume is not None)
-        try:
-            with _Signals() as signals:
-                return run.fit(signals)
-        finally:
-            run.runlog.close()
+        with memory.training_memory(device):  # oneDNN's caches capped, large tensors from the block cache
+            run = _Run(config, dist, device, resume=resume is not None)
+            try:
+                with _Signals() as signals:
+                    return run.fit(signals)
+            finally:
+                run.runlog.close()
     finally:
         teardown()
 

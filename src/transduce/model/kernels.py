@@ -1,5 +1,5 @@
-"""transduce's own CPU kernels, built from ``csrc/decoding.cpp``, ``csrc/training.cpp`` and ``csrc/int8.cpp`` on
-first use.
+"""transduce's own CPU kernels, built from ``csrc/decoding.cpp``, ``csrc/training.cpp``, ``csrc/int8.cpp`` and
+``csrc/allocator.cpp`` on first use.
 
 For decoding steps:
 
@@ -27,6 +27,12 @@ For training steps (float32 and bfloat16):
   pass over each row of logits forward and one backward, in the logits' own dtype.
 - ``add_layer_norm_forward`` / ``add_layer_norm_backward``: a post-norm residual ``LayerNorm(x + dropout(y))``
   (:class:`transduce.model.layers._AddLayerNorm`) in one pass over the rows each way.
+
+For training memory (``csrc/allocator.cpp``):
+
+- ``block_cache_install`` / ``block_cache_uninstall`` / ``block_cache_release`` / ``block_cache_stats``: a CPU
+  allocator that takes large tensors from blocks mapped once and reused, within a bound, for the duration of a
+  training run (:mod:`transduce.memory`).
 
 :func:`compiled` compiles the C++ files with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 30-40 seconds with two cores; it needs a C++ compiler, ninja and Python's headers) and keeps the result in
@@ -73,7 +79,7 @@ from transduce import fastpaths
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp")
+SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp", CSRC / "allocator.cpp")
 HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
 
 _DEFAULT_BUILD_WAIT_S = 300.0
