@@ -73,29 +73,17 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+#: --model's help where several models make an ensemble
+ENSEMBLE_HELP = (
+    "run directory, checkpoint or Hugging Face Marian directory; several --model: an ensemble (the mean of the "
+    "models' probabilities; one vocabulary; the first model's decoding settings)"
+)
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --device, --threads, --max-input-tokens and the decoding options (shared with evaluate/attention);
     --model may be given several times, for an ensemble: ``args.model`` is a list."""
-    parser.add_argument(
-        "--model", required=True, action="append", metavar="PATH",
-        help="run directory, checkpoint or Hugging Face Marian directory; several --model: an ensemble (the mean of "
-        "the models' probabilities; one vocabulary; the first model's decoding settings)",
-    )  # fmt: skip
-    add_device_arguments(parser)
-    parser.add_argument(
-        "--threads", type=non_negative_int, default=0, help="torch intra-op threads; 0: torch's default"
-    )
-    parser.add_argument(
-        "--max-input-tokens",
-        type=positive_int,
-        metavar="N",
-        help="split longer lines (default: 1024; max_positions - 1 with learned positions)",
-    )
-    parser.add_argument(
-        "--int8",
-        action="store_true",
-        help="CPU: dynamic int8 linear layers (all where the CPU has VNNI, else the larger ones; faster, approximate)",
-    )
+    add_loading_arguments(parser)
     g = parser.add_argument_group("decoding (default: the run's decode config)")
     g.add_argument("--beam", type=positive_int, metavar="K", help="beam size; 1 is greedy")
     g.add_argument("--length-penalty", type=non_negative_float, metavar="ALPHA", help="length penalty alpha; 0: off")
@@ -123,6 +111,27 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument(
         "--max-tokens", type=positive_int, metavar="N", help="token budget of a batch (sentences x beam x length)"
+    )
+
+
+def add_loading_arguments(parser: argparse.ArgumentParser, model_help: str = ENSEMBLE_HELP) -> None:
+    """What :func:`load_translator` reads: --model (``args.model`` is a list), --device, --precision, --threads,
+    --max-input-tokens and --int8."""
+    parser.add_argument("--model", required=True, action="append", metavar="PATH", help=model_help)
+    add_device_arguments(parser)
+    parser.add_argument(
+        "--threads", type=non_negative_int, default=0, help="torch intra-op threads; 0: torch's default"
+    )
+    parser.add_argument(
+        "--max-input-tokens",
+        type=positive_int,
+        metavar="N",
+        help="split longer lines (default: 1024; max_positions - 1 with learned positions)",
+    )
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="CPU: dynamic int8 linear layers (all where the CPU has VNNI, else the larger ones; faster, approximate)",
     )
 
 
