@@ -103,6 +103,17 @@ class Transformer(nn.Module):
         memory, _ = self._encode(src, need_weights=False, src_padded=src_padded)
         return memory
 
+    def source_embeddings(self, src: Tensor) -> Tensor:
+        """The source tokens' context-free vectors as the encoder sees them before positions are added: the
+        embedding rows times the embedding scale (sqrt(d_model) when ``scale_embeddings``), no dropout.
+
+        Args:
+            src: (B, S) source ids.
+        Returns:
+            (B, S, d_model).
+        """
+        return self.src_embed(src) * self.embed_scale
+
     def _encode(self, src: Tensor, need_weights: bool, src_padded: bool | None = None) -> tuple[Memory, list[Tensor]]:
         mask = padding_mask(src, self.config.pad_id, src_padded)
         x = self._embed(src, self.src_embed, self.src_positions, 0)
