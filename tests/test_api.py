@@ -62,7 +62,7 @@ def test_version_is_the_installed_distribution():
     assert importlib.metadata.version("transduce") == transduce.__version__
 
 
-@pytest.mark.parametrize("method", ["translate", "translate_nbest"])
+@pytest.mark.parametrize("method", ["translate", "translate_nbest", "embed"])
 def test_a_single_string_is_refused_not_translated_per_character(translator, method):
     kwargs = {"nbest": 1} if method == "translate_nbest" else {}
     with pytest.raises(TypeError) as info:

@@ -4,6 +4,7 @@
     translator.translate(["A man on a bike.", ""])            # ['Ein Mann auf einem Fahrrad.', '']
     translator.translate_nbest(["A dog."], nbest=4)           # [[Translation(text, score, log_prob), ...]]
     translator.translate_file("test.en", "test.hyp.de")       # a file, line for line; returns the line count
+    translator.embed(["A man on a bike."])                    # the encoder's vectors per piece (transduce.embed)
 
 Sentences are tokenised, sorted by length and batched by a token budget (``DecodeConfig.max_tokens`` counts
 sentences x beam x padded source length); results come back in input order, exactly one per input. An empty (or
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -31,6 +32,9 @@ from transduce.config import ConfigError, DecodeConfig
 from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.search import Hypothesis, SearchConstraint, generate, length_batches
 from transduce.search.common import pad_sequences
+
+if TYPE_CHECKING:
+    from transduce.embed import SentenceVectors
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +256,37 @@ class Translator:
                 f.write(translations[0].text + "\n")
                 count += 1
         return count
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        pooled_only: bool = False,
+        with_embeddings: bool = False,
+        include_eos: bool = False,
+        input_case: str | None = None,
+        max_tokens: int | None = None,
+    ) -> list[SentenceVectors]:
+        """The encoder's output as contextual word vectors (CoVe), one :class:`transduce.embed.SentenceVectors`
+        (pieces, a float32 ``(pieces, D)`` array, their mean) per text, in input order; see :mod:`transduce.embed`
+        for exactly what the vectors are.
+
+        Args:
+            texts: raw source sentences, prepared as :meth:`translate` prepares them.
+            pooled_only: only the mean vector of each text (``states`` None, ``pieces`` empty).
+            with_embeddings: each row ``[embedding; state]`` (``D = 2 * d_model``): the piece's source embedding,
+                scaled as the encoder scales it, before positions.
+            include_eos: keep the EOS position's row (and piece) at the end; without it, EOS is encoded but its row
+                is left out, and out of the mean.
+            input_case: ``keep``, ``normalize`` or ``truecase`` (default: the translator's ``decode.input_case``).
+            max_tokens: token budget of a batch (default: the translator's ``decode.max_tokens``).
+        """
+        from transduce.embed import embed_lines
+
+        _check_sentences(texts, "embed")
+        return list(embed_lines(self, list(enumerate(texts, start=1)), pooled_only=pooled_only,
+                                with_embeddings=with_embeddings, include_eos=include_eos, input_case=input_case,
+                                max_tokens=max_tokens, chunk_size=max(1, len(texts))))  # fmt: skip
 
     def search_config(
         self, *, nbest: int | None = None, beam: int | None = None, decode: DecodeConfig | None = None, **options: Any
