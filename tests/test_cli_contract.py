@@ -99,6 +99,7 @@ def files(tmp_path_factory, checkpoint) -> Files:
     f.ref.write_text("a man rides\nthe dog\n", encoding="utf-8")
     f.tsv.write_text("a man rides\tein Mann fährt\nthe dog\tder Hund\n", encoding="utf-8")
     (root / "empty.tsv").write_bytes(b"")
+    (root / "v.pieces.json").write_text("a man rides\n", encoding="utf-8")  # a text input named as an npy sidecar
     (root / "picture.tsv").write_bytes(BINARY)
     (root / "run").mkdir()
     (root / "run" / "config.yaml").write_bytes(BINARY)
@@ -184,6 +185,7 @@ def not_utf8(path: Path, hint: str = "") -> str:
 
 
 TRANSLATE = "use --replace-invalid to translate it with U+FFFD in place"
+EMBED = "use --replace-invalid to embed it with U+FFFD in place"
 SCORED = "every file scored or translated must be UTF-8"
 PREPARED = "--skip-invalid-utf8 (data.skip_invalid_utf8) skips such pairs"
 SAME = "refusing to overwrite an input"
@@ -199,6 +201,10 @@ MISTYPED_KEY = "unknown key 'train.max_stpes'; did you mean 'train.max_steps'? .
 
 def translate(f: Files, *more) -> list:
     return ["--model", f.model, *more]
+
+
+def embed(f: Files, *more) -> list:
+    return ["--model", f.model, "-o", f.out("v.npz"), *more]
 
 
 def evaluate(f: Files, *more) -> list:
@@ -402,6 +408,36 @@ ROWS = [
             "--beam", "0"],
             "--beam must be >= 1 (got 0)"),
     unknown_flag("attention", lambda f: ["--model", f.model, "--src", "a", "-o", f.out("a.png")]),
+    # embed: --model, -i FILE, -o FILE.npz|.npy|.safetensors, --format
+    refused("embed", "missing-file", lambda f: embed(f, "-i", f.missing),
+            lambda f: f"error: {f.missing}: file not found"),
+    refused("embed", "empty-file", lambda f: embed(f, "-i", f.empty),
+            lambda f: f"error: {f.empty}: the file is empty: no lines to embed"),
+    refused("embed", "directory", lambda f: embed(f, "-i", f.dir),
+            lambda f: f"error: {f.dir}: is a directory, not a text file"),
+    refused("embed", "binary", lambda f: embed(f, "-i", f.binary), lambda f: not_utf8(f.binary, EMBED)),
+    refused("embed", "missing-model", lambda f: ["--model", f.missing, "-i", f.good, "-o", f.out("v.npz")],
+            lambda f: f"error: {f.missing}: {NO_MODEL}"),
+    refused("embed", "ensemble", lambda f: embed(f, "--model", f.model, "-i", f.good),
+            "error: embed reads one model's encoder: give one --model, not 2"),
+    refused("embed", "out-of-range", lambda f: embed(f, "-i", f.good, "--max-tokens", "0"),
+            "--max-tokens must be >= 1 (got 0)"),
+    refused("embed", "output-is-input", lambda f: ["--model", f.model, "-i", f.good, "-o", f.good],
+            lambda f: f"error: -o/--output {f.good} is the same file as -i/--input {f.good}: {SAME}"),
+    refused("embed", "sidecar-is-input", lambda f: ["--model", f.model, "-i", f.root / "v.pieces.json", "-o",
+            f.root / "v.npy"],
+            lambda f: f"error: -o/--output {f.root / 'v.pieces.json'} is the same file as -i/--input "
+            f"{f.root / 'v.pieces.json'}: {SAME}"),
+    refused("embed", "output-is-directory", lambda f: ["--model", f.model, "-i", f.good, "-o", f.dir],
+            lambda f: f"error: -o/--output {f.dir}: is a directory; give a file name"),
+    refused("embed", "unknown-format", lambda f: ["--model", f.model, "-i", f.good, "-o", f.out("v.txt")],
+            lambda f: f"error: -o/--output {f.out('v.txt')}: unknown format '.txt'; give a name ending in .npz, .npy "
+            "or .safetensors, or --format"),
+    refused("embed", "format-contradicts-name", lambda f: embed(f, "-i", f.good, "--format", "npy"),
+            lambda f: f"error: -o/--output {f.out('v.npz')} is named as npz but --format is npy"),
+    refused("embed", "bad-choice", lambda f: embed(f, "-i", f.good, "--format", "csv"),
+            "--format: invalid choice: 'csv' (choose from 'npz', 'npy', 'safetensors')"),
+    unknown_flag("embed", lambda f: embed(f, "-i", f.good)),
     # download: DATASET DIRECTORY (nothing is fetched: every row fails first)
     refused("download", "output-is-file", lambda f: ["multi30k", f.good],
             lambda f: f"error: directory {f.good}: {REPLACE_FILE}"),
@@ -547,8 +583,10 @@ def interrupt_when(monkeypatch, target: str) -> None:
          lambda f: ["parse", "--baseline", "right-branching", "-i", f.good, "-o", f.out()]),
         ("transduce.tokenizer:Tokenizer.train", lambda f: ["prepare", "--train", f.tsv, "-o", f.out("prepared")]),
         ("transduce.quickstart:write_corpus", lambda f: ["quickstart", "-o", f.out("qs")]),
+        # embed: while the file is written (under its temporary name, in a directory made for it)
+        ("transduce.embed:_write_npz", lambda f: ["embed", "--model", f.model, "-i", f.good, "-o", f.out("v.npz")]),
     ],
-    ids=["evaluate", "parse", "prepare", "quickstart"],
+    ids=["evaluate", "parse", "prepare", "quickstart", "embed"],
 )  # fmt: skip
 def test_ctrl_c_mid_way_exits_130_in_one_line_leaving_nothing(files, cli, monkeypatch, target, argv):
     interrupt_when(monkeypatch, target)

@@ -1,10 +1,15 @@
 """Contextual word vectors (CoVe) from the encoder: ``Translator.embed`` gives the encoder's own output for each
-sentence, whatever else is in its batch and in input order."""
+sentence, whatever else is in its batch and in input order; ``transduce embed`` writes exactly those vectors in
+each format as docs/cli.md describes it (read back here with numpy and safetensors, not with transduce's reader);
+bad input is one error line and writes nothing."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +17,15 @@ import pytest
 import torch
 
 from decodekit import one_thread
+from transduce.cli import main
 from transduce.config import ConfigError, DecodeConfig, ModelConfig
+from transduce.embed import FORMATS, read_embeddings
 from transduce.ensemble import Ensemble
 from transduce.model import Transformer
 from transduce.translate import Translator
 
 TEXTS = ["a man rides the bike.", "the dog.", "", "ein Mann fährt das Rad und der Hund", "café café a man", "dog"]
+INVALID_HINT = "use --replace-invalid to embed it with U+FFFD in place"
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +47,13 @@ def pre_norm(translator: Translator) -> Translator:
     cfg = ModelConfig.preset("test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
                              norm="pre", positions="learned", max_positions=64)  # fmt: skip
     return Translator(Transformer(cfg), tok)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("embed") / "source.txt"
+    path.write_text("".join(text + "\n" for text in TEXTS), encoding="utf-8")
+    return path
 
 
 @torch.inference_mode()
@@ -178,3 +193,136 @@ def test_a_marian_model_embeds_as_its_own_encoder_computes(tmp_path):
         marian_order = a.states[:, residual_permutation(a.states.shape[1]).numpy()]
         np.testing.assert_allclose(marian_order, theirs[i, :n].numpy(), rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(b.states, a.states)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the command line, read back as docs/cli.md says
+
+
+def read_file(path: Path, fmt: str) -> dict:
+    """``vectors``, ``offsets``, ``pieces`` (one flat list), ``pooled`` and ``meta`` of an output, read with numpy and
+    safetensors only (``pooled_only`` outputs: ``pooled`` and ``meta``)."""
+    if fmt == "npz":
+        with np.load(path, allow_pickle=False) as z:
+            out = {name: z[name] for name in z.files}
+        out["meta"] = json.loads(str(out["meta"]))
+        if "pieces" in out:
+            out["pieces"] = out["pieces"].tolist()
+        return out
+    if fmt == "safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            out = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+            header = f.metadata()
+        out["meta"] = json.loads(header["meta"])
+        if "pieces" in header:
+            out["pieces"] = json.loads(header["pieces"])
+        return out
+    pooled = path.with_name(path.stem + ".pooled.npy")
+    sidecar = path.with_name(path.stem + ".pieces.json")
+    if not sidecar.exists():
+        return {"pooled": np.load(path, allow_pickle=False)}
+    side = json.loads(sidecar.read_text(encoding="utf-8"))
+    return {"vectors": np.load(path, allow_pickle=False), "pooled": np.load(pooled, allow_pickle=False),
+            "offsets": np.array(side["offsets"]), "pieces": [p for s in side["pieces"] for p in s],
+            "meta": side["meta"], "nested": side["pieces"]}  # fmt: skip
+
+
+def embed_cli(checkpoint: Path, *args) -> int:
+    return main(["embed", "--model", str(checkpoint), *map(str, args)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_writes_the_apis_vectors(fmt, translator, checkpoint, source, tmp_path):
+    out = tmp_path / f"v.{fmt}"
+    assert embed_cli(checkpoint, "-i", source, "-o", out) == 0
+    got = read_file(out, fmt)
+    api = translator.embed(TEXTS)
+    lengths = [len(v.pieces) for v in api]
+    assert got["offsets"].tolist() == [0, *np.cumsum(lengths).tolist()]
+    assert got["pieces"] == [p for v in api for p in v.pieces]
+    assert got["vectors"].dtype == got["pooled"].dtype == np.float32
+    assert got["vectors"].shape == (sum(lengths), translator.model.config.d_model)
+    assert got["pooled"].shape == (len(TEXTS), translator.model.config.d_model)
+    for i, v in enumerate(api):
+        rows = got["vectors"][got["offsets"][i] : got["offsets"][i + 1]]
+        np.testing.assert_array_equal(rows, v.states)
+        np.testing.assert_array_equal(got["pooled"][i], v.pooled)
+        if len(rows):
+            np.testing.assert_allclose(got["pooled"][i], rows.mean(axis=0), rtol=1e-6, atol=1e-6)
+    assert got["meta"]["layout"] == "transduce-embed/1" and got["meta"]["with_embeddings"] is False
+    if fmt == "npy":
+        assert got["nested"] == [v.pieces for v in api]
+    written = sorted(p.name for p in tmp_path.iterdir())  # no temporary file left
+    assert written == (["v.npy", "v.pieces.json", "v.pooled.npy"] if fmt == "npy" else [out.name])
+    again = read_embeddings(out)
+    np.testing.assert_array_equal(again.vectors, got["vectors"])
+    assert again.pieces == got["pieces"] and again.offsets.tolist() == got["offsets"].tolist()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_pooled_only_writes_the_sentence_vectors_alone(fmt, translator, checkpoint, source, tmp_path):
+    out = tmp_path / f"p.{fmt}"
+    assert embed_cli(checkpoint, "-i", source, "-o", out, "--pooled-only") == 0
+    got = read_file(out, fmt)
+    assert set(got) <= {"pooled", "meta"} and [p.name for p in tmp_path.iterdir()] == [out.name]
+    expected = np.stack([v.pooled for v in translator.embed(TEXTS, pooled_only=True)])
+    np.testing.assert_array_equal(got["pooled"], expected)
+
+
+def test_cli_with_embeddings_and_eos_to_standard_output(translator, checkpoint, source, capsysbinary):
+    assert embed_cli(checkpoint, "-i", source, "--with-embeddings", "--include-eos") == 0
+    got = read_file(io.BytesIO(capsysbinary.readouterr().out), "npz")  # npz when no format is named
+    api = translator.embed(TEXTS, with_embeddings=True, include_eos=True)
+    np.testing.assert_array_equal(got["vectors"], np.concatenate([v.states for v in api]))
+    assert got["pieces"] == [p for v in api for p in v.pieces] and got["pieces"].count("</s>") == len(TEXTS)
+    assert got["meta"]["with_embeddings"] is True and got["meta"]["dim"] == 2 * translator.model.config.d_model
+
+
+def test_invalid_utf8_at_a_line_is_one_error_line_and_writes_nothing(checkpoint, tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a man\nthe dog\nthe \xff bike\n")
+    for fmt in FORMATS:
+        assert embed_cli(checkpoint, "-i", bad, "-o", tmp_path / f"v.{fmt}") == 2
+        expected = f"transduce embed: error: {bad}, line 3: not valid UTF-8 (byte 0xff at column 5); {INVALID_HINT}"
+        assert capsys.readouterr().err.splitlines() == [expected]
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.txt"]
+    # standard input is read as it comes: the bad line is found after the model is loaded, and the old file stays
+    old = tmp_path / "v.npz"
+    old.write_bytes(b"old vectors")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a man\n\xfe dog\n")))
+    assert embed_cli(checkpoint, "-o", old) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"transduce embed: error: -, line 2: not valid UTF-8 (byte 0xfe at column 1); {INVALID_HINT}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "v.npz"] and old.read_bytes() == b"old vectors"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-o", "{tmp}/v.csv"], "-o/--output {tmp}/v.csv: unknown format '.csv'; give a name ending in .npz, .npy or "
+         ".safetensors, or --format"),
+        (["-o", "{tmp}/v"], "-o/--output {tmp}/v: no suffix to tell the format; give a name ending in .npz, .npy or "
+         ".safetensors, or --format"),
+        (["-o", "{tmp}/v.safetensors", "--format", "npz"],
+         "-o/--output {tmp}/v.safetensors is named as safetensors but --format is npz"),
+        (["--format", "npy"], "--format npy writes three files (vectors, pooled vectors, pieces), not standard output: "
+         "give -o FILE.npy, or --format npz or safetensors"),
+    ],
+    ids=["unknown-suffix", "no-suffix", "contradiction", "npy-to-stdout"],
+)  # fmt: skip
+def test_formats_it_cannot_tell_or_write_are_one_error_line(args, message, checkpoint, source, tmp_path, capsys):
+    args = [a.format(tmp=tmp_path) for a in args]
+    assert embed_cli(checkpoint, "-i", source, *args) == 2
+    assert capsys.readouterr().err.splitlines() == [f"transduce embed: error: {message.format(tmp=tmp_path)}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_binary_output_is_never_written_to_a_terminal(checkpoint, source, monkeypatch, capsys):
+    monkeypatch.setattr("transduce.commands.embed._is_terminal", lambda stream: True)
+    assert embed_cli(checkpoint, "-i", source) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == ["transduce embed: error: standard output is a terminal and the vectors "
+                                              "are binary: give -o FILE.npz (or .npy, .safetensors), or redirect "
+                                              "standard output"]  # fmt: skip

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("evaluate", "translate a test set and score it with sacreBLEU (BLEU, chrF)"),
     "parse": ("parse", "parse sentences into constituency trees (data.task: parse) and score them (EVALB)"),
     "attention": ("attention", "draw attention heatmaps of one sentence pair (PNG)"),
+    "embed": ("embed", "contextual word vectors from the encoder (CoVe) into .npz, .npy or .safetensors"),
     "report": ("report", "score a run on its test sets (both BLEU conventions) and write report.html"),
     "export": ("export", "write a model as a Hugging Face Marian or a CTranslate2 model directory"),
     "import-hf": ("import_hf", "convert a Hugging Face Marian model (opus-mt, ...) into a transduce checkpoint"),
