@@ -202,8 +202,20 @@ class ModelConfig(_Section):
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
+    # the fields below shape a classifier (data.task: classify; transduce.classify); a translation model has none
+    pooling: str = "cls"  # classify: the sentence vector is a prepended <cls> position's state (cls) or the mean (mean)
+    # classify with train.init_from: finetune trains the pretrained encoder with the head; cove keeps it fixed and
+    # trains a small task model over [word embedding; encoder state] (McCann et al., 2017)
+    transfer: str = "finetune"
+    cove_layers: int = 1  # classify, transfer cove: transformer encoder layers of the task model (0: projection only)
+    labels: list[str] = field(default_factory=list)  # classify: the class names, set from the training data
 
     def __post_init__(self) -> None:
+        _check_choice("pooling", self.pooling, ("cls", "mean"))
+        _check_choice("transfer", self.transfer, ("finetune", "cove"))
+        _check_positive("cove_layers", self.cove_layers, allow_zero=True)
+        if len(set(self.labels)) != len(self.labels) or "" in self.labels:
+            raise ConfigError(f"labels: must be distinct, non-empty names, got {self.labels!r}")
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "d_ff", "heads", "max_positions"):
             _check_positive(name, getattr(self, name))
         for name in ("encoder_layers", "decoder_layers"):
@@ -315,6 +327,11 @@ class DataConfig(_Section):
     tree_swap: float = 0.5
     mix: str = ""  # path prefix of a second (general-domain) raw pair mixed into every training batch
     mix_share: float = 0.0  # share of every training batch's sentences drawn from data.mix (e.g. 0.2)
+    # classify: the corpora are .tsv files (label<TAB>text, or label<TAB>text<TAB>text2 with text2_field) or .jsonl
+    # files with these fields (transduce.classify)
+    text_field: str = "text"  # classify, JSON Lines: the field of the text (a.b reaches into nested objects)
+    text2_field: str = ""  # classify: the field of a second text (sentence pairs: text <sep> text2); "": none
+    label_field: str = "label"  # classify, JSON Lines: the field of the label
 
     def __post_init__(self) -> None:
         for where, corpus in [("train", self.train), ("valid", self.valid)] + [
@@ -326,7 +343,23 @@ class DataConfig(_Section):
             value = getattr(self, name)
             if "" in value.split("."):
                 raise ConfigError(f"{name}: must name a field (a, or a.b for a nested one), got {value!r}")
-        _check_choice("task", self.task, ("translate", "parse"))
+        _check_choice("task", self.task, ("translate", "parse", "classify"))
+        for name in ("text_field", "label_field", *(("text2_field",) if self.text2_field else ())):
+            if "" in getattr(self, name).split("."):
+                raise ConfigError(
+                    f"{name}: must name a field (a, or a.b for a nested one), got {getattr(self, name)!r}"
+                )
+        if self.task == "classify":
+            refused = (
+                ("mix", ""),
+                ("bpe_dropout", 0.0),
+                ("case_augment", 0.0),
+                ("dedup", False),
+                ("skip_invalid_utf8", False),
+            )
+            for name, off in refused:
+                if getattr(self, name) != off:
+                    raise ConfigError(f"{name}: not available for data.task: classify; leave it out")
         _check_choice("tree_leaves", self.tree_leaves, ("xx", "word"))
         _check_choice("tree_closing", self.tree_closing, ("labelled", "bare"))
         _check_choice("tree_order", self.tree_order, ("top-down", "in-order"))
@@ -404,7 +437,9 @@ class TrainConfig(_Section):
     valid_bleu: bool = True  # decode the validation set and compute sacreBLEU at each validation
     valid_beam: int = 1  # beam size for validation BLEU (1: greedy)
     valid_max_sentences: int = 0  # decode at most this many validation sentences; 0: all
-    best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks the best checkpoint
+    # bleu (higher is better) or loss (lower is better) picks the best checkpoint; accuracy for a classifier (data.task:
+    # classify, where bleu means accuracy)
+    best_metric: str = "bleu"
     keep_last: int = 5  # keep this many most recent checkpoints (the paper averaged the last 5)
     save_every_minutes: float = 0.0  # also write a checkpoint every M minutes (the paper: 10); 0: off
     patience: int = 0  # stop after this many validations without improvement; 0: off
@@ -415,6 +450,10 @@ class TrainConfig(_Section):
     freeze_embeddings: bool = False  # keep the embeddings (and a tied output projection) fixed
     freeze_encoder: bool = False  # keep the encoder (its embeddings and layers) fixed
     train_last_layers: int = 0  # > 0: train only the last k layers of each stack (+ final norms, untied output)
+    # classify with init_from: the pretrained embeddings and encoder learn at this multiple of the schedule's rate (the
+    # head and a CoVe task model at the rate itself)
+    pretrained_lr_scale: float = 0.1
+    freeze_layers: int = 0  # classify: keep the embeddings and the lowest N encoder layers fixed
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "accumulate", "warmup_steps", "adam_eps", "peak_lr", "lr_scale"):
@@ -435,6 +474,7 @@ class TrainConfig(_Section):
             "patience",
             "extend_vocab",
             "train_last_layers",
+            "freeze_layers",
         ):
             _check_positive(name, getattr(self, name), allow_zero=True)
         _check_positive("max_nonfinite", self.max_nonfinite)
@@ -465,7 +505,8 @@ class TrainConfig(_Section):
         except TransduceError as e:
             raise ConfigError(str(e)) from None
         _check_positive("dist_timeout_minutes", self.dist_timeout_minutes)
-        _check_choice("best_metric", self.best_metric, ("bleu", "loss"))
+        _check_choice("best_metric", self.best_metric, ("bleu", "loss", "accuracy"))
+        _check_positive("pretrained_lr_scale", self.pretrained_lr_scale)
         for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}: must be in [0, 1), got {getattr(self, name)!r}")
@@ -528,6 +569,50 @@ class Config(_Section):
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        """The checks that span sections: what a classifier (``data.task: classify``) takes and what only it takes."""
+        t, m = self.train, self.model
+        classify = self.data.task == "classify"
+        # a setting that does nothing in this run is a mistake (as optim.ignored_settings says of the schedule's)
+        for key, applies, what in (
+            ("model.pooling", classify, "data.task: classify"),
+            ("model.transfer", classify, "data.task: classify"),
+            ("model.cove_layers", classify and m.transfer == "cove", "model.transfer: cove"),
+            ("train.pretrained_lr_scale", classify and bool(t.init_from) and m.transfer == "finetune",
+             "a classifier fine-tuned from train.init_from"),
+        ):  # fmt: skip
+            section, name = key.split(".")
+            default = getattr(ModelConfig() if section == "model" else TrainConfig(), name)
+            if not applies and getattr(getattr(self, section), name) != default:
+                raise ConfigError(f"{key}: has no effect in this run (it is for {what}); leave it out")
+        if self.data.task != "classify":
+            if t.best_metric == "accuracy":
+                raise ConfigError(
+                    "train.best_metric: accuracy is a classifier's (data.task: classify); use bleu or loss"
+                )
+            if t.freeze_layers:
+                raise ConfigError("train.freeze_layers: for data.task: classify (a translation run has "
+                                  "train.train_last_layers)")  # fmt: skip
+            return
+        if t.best_metric == "bleu":  # the default: a classifier has no BLEU, and accuracy is what it is chosen by
+            t.best_metric = "accuracy"
+        for name in ("init_optimizer", "extend_vocab", "train_last_layers"):
+            if getattr(t, name):
+                raise ConfigError(
+                    f"train.{name}: not available for data.task: classify"
+                    + (" (train.freeze_layers keeps the lowest layers fixed)" if name == "train_last_layers" else "")
+                )
+        if not t.init_from:
+            if m.transfer == "cove":
+                raise ConfigError("model.transfer: cove keeps a pretrained encoder fixed, so it needs train.init_from "
+                                  "(a translation model)")  # fmt: skip
+            if t.freeze_layers or t.freeze_encoder or t.freeze_embeddings:
+                raise ConfigError("train.freeze_layers, freeze_encoder and freeze_embeddings keep pretrained layers "
+                                  "fixed: they need train.init_from")  # fmt: skip
+        elif m.transfer == "cove" and (t.freeze_layers or t.freeze_encoder or t.freeze_embeddings):
+            raise ConfigError("train.freeze_layers: model.transfer cove keeps the whole pretrained encoder fixed "
+                              "already; leave freeze_layers, freeze_encoder and freeze_embeddings out")  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "") -> Config:
