@@ -93,7 +93,8 @@ def prepare(
     """Prepare the corpora of ``cfg`` into ``out_dir`` (see the module docstring).
 
     With ``data.task: parse`` the corpora are treebanks, first turned into text pairs
-    (:func:`transduce.parsing.prepare.prepare_treebank`).
+    (:func:`transduce.parsing.prepare.prepare_treebank`); with ``data.task: classify`` they are labelled texts
+    (:func:`transduce.classify.data.prepare_classification`).
 
     Args:
         cfg: the data section of the configuration (``train`` is required).
@@ -114,6 +115,10 @@ def prepare(
         from transduce.parsing.prepare import prepare_treebank
 
         return prepare_treebank(cfg, out_dir, force=force, prepare_text=_prepare_text)
+    if cfg.task == "classify":
+        from transduce.classify.data import prepare_classification
+
+        return prepare_classification(cfg, out_dir, force=force, vocabulary=vocabulary)
     return _prepare_text(cfg, out_dir, force=force, vocabulary=vocabulary)
 
 

@@ -590,3 +590,19 @@ class DecoderLayer(nn.Module):
         x = self.res.add(x, c, self.norm2)
         x = self.res.add(x, self.ffn(self.res.inp(x, self.norm3)), self.norm3)
         return x, (self_w, cross_w)
+
+
+class ClassificationHead(nn.Module):
+    """A sentence vector to class scores, BERT's way: dropout, then one linear layer (weights drawn with standard
+    deviation 0.02, biases zero, as BERT initialises it)."""
+
+    def __init__(self, d_model: int, classes: int, *, dropout: float):
+        super().__init__()
+        self.dropout = Dropout(dropout)
+        self.out = nn.Linear(d_model, classes)
+        nn.init.normal_(self.out.weight, std=0.02)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """(B, d_model) -> (B, classes) logits."""
+        return self.out(self.dropout(pooled))

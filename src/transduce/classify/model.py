@@ -1,0 +1,178 @@
+"""The sentence classifier: transduce's encoder, a pooled sentence vector, and a classification head.
+
+The encoder is the translation model's (:class:`transduce.model.Transformer`): the same modules under the same names
+(``src_embed``, ``src_positions``, ``encoder_layers``, ``encoder_norm``), so a translation model's source embeddings
+and encoder load into it by name and :meth:`Classifier.encode` computes exactly what the translation model's
+``encode`` does. On top of it (``model.transfer``):
+
+- ``finetune``: the encoder's states are pooled and classified; everything trains (the pretrained part at
+  ``train.pretrained_lr_scale`` of the rate, :mod:`transduce.classify.transfer`).
+- ``cove`` (McCann et al., 2017, "Learned in Translation: Contextualized Word Vectors"): the pretrained embeddings
+  and encoder are fixed (no gradients, always in eval mode); each position's ``[E(w); Enc(w)]``, its word embedding
+  (scaled as the encoder receives it) and the encoder's state concatenated, is projected to ``d_model`` and read by a
+  small task model, ``model.cove_layers`` transformer encoder layers of the pretrained model's shape (no positions
+  of their own: the encoder's states carry the order), which is pooled and classified.
+
+Pooling (``model.pooling``): ``cls`` prepends a learned ``<cls>`` vector to the sequence (to the encoder's input when
+fine-tuning, to the task model's under CoVe) and takes its final state, as BERT does (a vector rather than a
+vocabulary id, so that a pretrained vocabulary needs no new entry; it has no position of its own, so the words keep
+the positions the encoder was trained with); ``mean`` averages the states of the real (non-padding) positions.
+The head (:class:`transduce.model.layers.ClassificationHead`) is dropout and one linear layer.
+
+    model = Classifier(ModelConfig.preset("test", src_vocab_size=8000, tgt_vocab_size=8000, labels=["neg", "pos"]))
+    logits = model(src)  # (B, 2); src: (B, S) text ids + eos, right-padded
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from transduce.config import ModelConfig
+from transduce.model.cache import Memory
+from transduce.model.layers import (
+    ClassificationHead,
+    Dropout,
+    EncoderLayer,
+    LearnedPositions,
+    SinusoidalPositions,
+    padding_mask,
+)
+from transduce.model.packed import forget_packed
+
+#: the names of a translation model's tensors that a classifier takes over (its source embeddings and encoder)
+ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_layers.", "encoder_norm.")
+
+
+class Classifier(nn.Module):
+    """Encoder + pooling + head (see the module docstring).
+
+    Args:
+        config: the model section; ``labels`` names the classes (at least two). The decoder's fields are unused.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if len(config.labels) < 2:
+            raise ValueError(f"a classifier needs model.labels (two at least), got {config.labels!r}")
+        self.config = cfg = config
+        d = cfg.d_model
+        # the pretrained part: a translation model's source side, under its names
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
+        if cfg.positions == "sinusoidal":
+            self.src_positions: nn.Module = SinusoidalPositions(d)
+        else:
+            self.src_positions = LearnedPositions(d, cfg.max_positions)
+        self.embed_scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
+        self.dropout = Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.encoder_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+        nn.init.normal_(self.src_embed.weight, std=d**-0.5)
+        with torch.no_grad():
+            self.src_embed.weight[cfg.pad_id].zero_()
+        # what classification adds
+        self.cove = cfg.transfer == "cove"
+        if self.cove:
+            self.cove_project = nn.Linear(2 * d, d)  # [E(w); Enc(w)] -> the task model's width
+            self.cove_dropout = Dropout(cfg.dropout)
+            self.cove_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.cove_layers))
+            self.cove_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+            nn.init.xavier_uniform_(self.cove_project.weight)
+            nn.init.zeros_(self.cove_project.bias)
+        # the <cls> vector, drawn like an embedding row (and scaled like one)
+        self.cls_embed = nn.Parameter(torch.randn(d) * d**-0.5) if cfg.pooling == "cls" else None
+        self.head = ClassificationHead(d, len(cfg.labels), dropout=cfg.dropout)
+        if self.cove:
+            for p in self.pretrained_parameters():
+                p.requires_grad_(False)
+
+    # ------------------------------------------------------------------------------------------------------------------
+
+    def pretrained_modules(self) -> list[nn.Module]:
+        """The modules a translation model provides: source embeddings, positions, the encoder's layers and norm."""
+        return [self.src_embed, self.src_positions, self.dropout, self.encoder_layers, self.encoder_norm]
+
+    def pretrained_parameters(self) -> list[nn.Parameter]:
+        """The parameters of :meth:`pretrained_modules`."""
+        return [p for m in self.pretrained_modules() for p in m.parameters()]
+
+    def _embed(self, src: Tensor) -> Tensor:
+        """(B, S) ids -> (B, S, d_model): scaled embeddings plus positions, as the translation model's encoder."""
+        positions = self.src_positions(0, src.shape[1]).to(self.src_embed.weight.dtype)  # (S, d)
+        return self.src_embed(src) * self.embed_scale + positions
+
+    def _with_cls(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Prepend the ``<cls>`` vector: (B, S, d) -> (B, 1 + S, d), the mask (B, 1, 1, S) -> (B, 1, 1, 1 + S)."""
+        assert self.cls_embed is not None
+        cls = (self.cls_embed * self.embed_scale).to(x.dtype).expand(x.shape[0], 1, -1)  # (B, 1, d)
+        if mask is not None:
+            mask = torch.cat([mask.new_ones(mask.shape[0], 1, 1, 1), mask], dim=-1)
+        return torch.cat([cls, x], dim=1), mask
+
+    def _layers(self, x: Tensor, mask: Tensor | None, layers: nn.ModuleList, norm: nn.Module) -> Tensor:
+        for layer in layers:
+            x, _ = layer(x, mask)
+        return norm(x)
+
+    def encode(self, src: Tensor, *, src_padded: bool | None = None) -> Memory:
+        """The pretrained encoder alone, as :meth:`transduce.model.Transformer.encode` computes it.
+
+        Args:
+            src: (B, S) text ids + eos, right-padded.
+            src_padded: whether ``src`` has padding, when known (see :func:`~transduce.model.padding_mask`).
+        Returns:
+            :class:`~transduce.model.Memory`: states (B, S, d_model) and the mask.
+        """
+        mask = padding_mask(src, self.config.pad_id, src_padded)
+        x = self._layers(self.dropout(self._embed(src)), mask, self.encoder_layers, self.encoder_norm)
+        return Memory(x, mask)
+
+    def forward(self, src: Tensor, *, src_padded: bool | None = None) -> Tensor:
+        """Class scores.
+
+        Args:
+            src: (B, S) text ids + eos, right-padded with ``pad_id``.
+            src_padded: whether ``src`` has padding, when known.
+        Returns:
+            logits (B, classes).
+        """
+        cls = self.cls_embed is not None
+        mask = padding_mask(src, self.config.pad_id, src_padded)
+        if self.cove:
+            with torch.no_grad():  # fixed: no graph through the pretrained part
+                words = self.src_embed(src) * self.embed_scale  # (B, S, d) E(w)
+                states = self.encode(src, src_padded=src_padded).states  # (B, S, d) Enc(w)
+            x = self.cove_project(torch.cat([words, states], dim=-1))  # (B, S, d)
+            if cls:
+                x, mask = self._with_cls(x, mask)
+            x = self._layers(self.cove_dropout(x), mask, self.cove_layers, self.cove_norm)
+        else:
+            x = self._embed(src)
+            if cls:
+                x, mask = self._with_cls(x, mask)
+            x = self._layers(self.dropout(x), mask, self.encoder_layers, self.encoder_norm)
+        return self.head(x[:, 0] if cls else self._mean(x, src))
+
+    def _mean(self, states: Tensor, src: Tensor) -> Tensor:
+        """The mean of each row's states over its real positions: (B, S, d) -> (B, d)."""
+        real = src.ne(self.config.pad_id).unsqueeze(-1).to(states.dtype)  # (B, S, 1)
+        return (states * real).sum(dim=1) / real.sum(dim=1).clamp(min=1.0)
+
+    def train(self, mode: bool = True) -> Classifier:
+        """Training or evaluation mode; under CoVe the pretrained part stays in evaluation mode (no dropout), and the
+        packed inference weights (:func:`~transduce.model.packed.project`) are dropped as the Transformer's are."""
+        forget_packed(self)
+        super().train(mode)
+        if self.cove:
+            for module in self.pretrained_modules():
+                module.train(False)
+        return self
+
+    def num_parameters(self) -> int:
+        """Trainable parameters."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+__all__ = ["ENCODER_PREFIXES", "Classifier"]
