@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,10 @@ import torch.distributed as tdist
 
 from transduce import checkpoint as ckpt
 from transduce import finetune, memory, optim
-from transduce.config import Config, ConfigError
+from transduce.classify import training as classify_training
+from transduce.classify import transfer
+from transduce.classify.model import Classifier
+from transduce.config import Config, ConfigError, ModelConfig
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
 from transduce.data.prefetch import Prefetch
@@ -50,7 +54,7 @@ from transduce.model import Transformer
 from transduce.runlog import RunLog, Throughput, truncate_metrics
 from transduce.tokenizer import Vocabulary
 from transduce.trainer import StepResult, Trainer, rng_state, select_device, set_rng_state
-from transduce.validate import ValidResult, read_references, special_ids, validate
+from transduce.validate import ValidResult, read_references, validate
 from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
@@ -122,7 +126,9 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
     if dist.enabled:
         tdist.barrier()
     tokenizer = load_vocabulary(prepared)
-    if config.train.init_from:
+    if config.data.task == "classify":
+        model = _classifier_model(config, prepared, tokenizer, resume=resume)
+    elif config.train.init_from:
         model = finetune.model_config(config, tokenizer, resume=resume)
     else:
         share = config.model.share_vocab and tokenizer.joint
@@ -148,17 +154,32 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
     return config, prepared, tokenizer
 
 
+def _classifier_model(config: Config, prepared: Path, tokenizer: Vocabulary, *, resume: bool) -> ModelConfig:
+    """A classifier's model section: the labels of the prepared data, the vocabulary's size, and with ``init_from``
+    the pretrained encoder's shape (:func:`transduce.classify.transfer.model_config`)."""
+    from transduce.classify.data import prepared_labels
+
+    labels = prepared_labels(prepared)
+    if config.model.labels and config.model.labels != labels:
+        raise TrainingError(f"model.labels: {config.model.labels} are not the labels of the data in {prepared} "
+                            f"({labels}); leave model.labels out, the data sets it")  # fmt: skip
+    if config.train.init_from:
+        return transfer.model_config(config, tokenizer, labels, resume=resume)
+    return config.model.replace(src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.src_vocab_size,
+                                share_vocab=True, labels=labels)  # fmt: skip
+
+
 def _batches(
     dataset: ParallelDataset | ConcatPairs, sampler: TokenBatchSampler | MixedBatchSampler, state: RunState,
-    max_epochs: int, ids: tuple[int, int, int],
-) -> Iterator[tuple[int, int, Batch]]:  # fmt: skip
-    """``(epoch, position after it, batch)`` from the saved data position onwards, epoch after epoch; ``ids`` are
-    the model's ``(pad, bos, eos)``."""
+    max_epochs: int, make_batch: Callable[[list], Any],
+) -> Iterator[tuple[int, int, Any]]:  # fmt: skip
+    """``(epoch, position after it, batch)`` from the saved data position onwards, epoch after epoch; ``make_batch``
+    collates a list of examples (:func:`~transduce.data.collate` with the model's ids, or a classifier's)."""
     epoch, position = state.epoch, state.position
     while max_epochs == 0 or epoch < max_epochs:
         for indices in sampler.iter_from(epoch, position):
             position += 1
-            yield epoch, position, collate([dataset[i] for i in indices], *ids)
+            yield epoch, position, make_batch([dataset[i] for i in indices])
         epoch, position = epoch + 1, 0
 
 
@@ -200,23 +221,37 @@ class _Run:
         self.run_dir = Path(self.cfg.run_dir)
         self.vocab_sha = ckpt.vocab_sha256(self.run_dir / ckpt.VOCAB_DIR)
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
-        self.model = Transformer(self.config.model)
-        if self.cfg.init_from and not resume:
-            finetune.initialise(self.model, self.config, self.tokenizer)
-        finetune.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
+        self.classify = self.config.data.task == "classify"
+        self.model: Transformer | Classifier
+        if self.classify:
+            self.model = Classifier(self.config.model)
+            if self.cfg.init_from and not resume:
+                transfer.initialise(self.model, self.config)
+            transfer.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
+        else:
+            self.model = Transformer(self.config.model)
+            if self.cfg.init_from and not resume:
+                finetune.initialise(self.model, self.config, self.tokenizer)
+            finetune.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
         self.trainer = Trainer(self.config, self.model, device, dist)
         if self.cfg.init_optimizer and not resume:
             finetune.load_optimizer(self.trainer, self.config)
         torch.manual_seed(self.cfg.seed + 1000 * dist.rank)  # different dropout masks on different ranks
         self.state = RunState()
-        self.train_data, self.sampler, self.main_sampler = training_data(
-            self.prepared, self.cfg.max_tokens, self.config.data.mix_share,
-            seed=self.cfg.seed, rank=dist.rank, world_size=dist.world_size,
-            bpe_dropout=self.config.data.bpe_dropout, tokenizer=self.tokenizer, max_len=self.config.data.max_len,
-        )  # fmt: skip
+        if self.classify:
+            self.train_data, self.sampler = classify_training.training_batches(
+                self.prepared, self.config, rank=dist.rank, world_size=dist.world_size
+            )
+            self.main_sampler = self.sampler
+        else:
+            self.train_data, self.sampler, self.main_sampler = training_data(
+                self.prepared, self.cfg.max_tokens, self.config.data.mix_share,
+                seed=self.cfg.seed, rank=dist.rank, world_size=dist.world_size,
+                bpe_dropout=self.config.data.bpe_dropout, tokenizer=self.tokenizer, max_len=self.config.data.max_len,
+            )  # fmt: skip
         self.valid_data = ParallelDataset(self.prepared, "valid") if "valid" in self._splits() else None
         self.references, self.reference_kind = (None, "")
-        if self.valid_data is not None and self.cfg.valid_bleu and dist.is_main:
+        if self.valid_data is not None and self.cfg.valid_bleu and dist.is_main and not self.classify:
             self.references, self.reference_kind = read_references(self.valid_data, self.tokenizer)
         if resume:
             self._restore()
@@ -304,8 +339,12 @@ class _Run:
     def validate(self) -> ValidResult | None:
         if self.valid_data is None:
             return None
-        result = validate(self.model, self.valid_data, self.tokenizer, self.references, self.reference_kind,
-                          self.config, self.device, self.dist, self.trainer.autocast)  # fmt: skip
+        if self.classify:
+            result = classify_training.validate(self.model, self.valid_data, self.config, self.device, self.dist,
+                                                self.trainer.autocast)  # fmt: skip
+        else:
+            result = validate(self.model, self.valid_data, self.tokenizer, self.references, self.reference_kind,
+                              self.config, self.device, self.dist, self.trainer.autocast)  # fmt: skip
         result = broadcast_object(result)  # BLEU is computed on rank 0; every rank takes the same decisions
         assert isinstance(result, ValidResult)
         score = result.metric(self.cfg.best_metric)
@@ -318,8 +357,13 @@ class _Run:
         bleu = ""
         if result.bleu is not None:
             bleu = f" BLEU {result.bleu:.2f} chrF {result.chrf:.2f} ({result.bleu_signature})"
-        self.runlog.info("validation at step %d: loss %.4f nll %.4f ppl %.2f%s%s", step, result.loss, result.nll,
-                         result.ppl, bleu, " (best)" if self.state.best_step == step else "")  # fmt: skip
+        best = " (best)" if self.state.best_step == step else ""
+        if result.accuracy is not None:
+            self.runlog.info("validation at step %d: accuracy %.2f%% loss %.4f nll %.4f (%d examples)%s", step,
+                             result.accuracy, result.loss, result.nll, result.tokens, best)  # fmt: skip
+        else:
+            self.runlog.info("validation at step %d: loss %.4f nll %.4f ppl %.2f%s%s", step, result.loss, result.nll,
+                             result.ppl, bleu, best)  # fmt: skip
         return result
 
     # the loop ---------------------------------------------------------------------------------------------------------
@@ -329,7 +373,12 @@ class _Run:
         started = time.monotonic()
         elapsed = lambda: self.state.elapsed_s + time.monotonic() - started  # noqa: E731
         pin = self.device if self.device.type == "cuda" else None
-        source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs, special_ids(self.config))
+        if self.classify:
+            make_batch = classify_training.collate(self.config)
+        else:
+            make_batch = functools.partial(collate, pad_id=self.config.model.pad_id, bos_id=self.config.model.bos_id,
+                                           eos_id=self.config.model.eos_id)  # fmt: skip
+        source = _batches(self.train_data, self.sampler, self.state, cfg.max_epochs, make_batch)
         batches = Prefetch(source, depth=2 * cfg.accumulate, pin=pin)
         try:
             return self._loop(signals, batches, started, elapsed)

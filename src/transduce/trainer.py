@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from transduce.classify.training import loss_sums as classification_sums
+from transduce.classify.transfer import lr_scales
 from transduce.config import Config
 from transduce.data.batch import Batch
 from transduce.device import allow_tf32, check_precision, resolve_device
@@ -107,7 +109,8 @@ class Trainer:
         self.dist = dist or Dist()
         self.device = device
         self.model = model.to(device)
-        self.optimizer = build_optimizer(self.model, self.cfg)
+        self.optimizer = build_optimizer(self.model, self.cfg, lr_scales(self.model, config))  # (a classifier's)
+        self.classify = config.data.task == "classify"  # one label per example instead of a target sentence
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.step = 0  # updates applied
         self.time_share = 0.0  # decay_by time: the share of max_minutes spent, agreed by the ranks (the loop sets it)
@@ -174,8 +177,14 @@ class Trainer:
             sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
             with sync:
                 with self.autocast():
-                    logits = self.net(batch.src, batch.tgt_in, src_padded=padded)  # (B, T, V)
-                loss, nll = smoothed_nll_sums(logits, batch.tgt_out, eps, pad)
+                    if self.classify:
+                        logits = self.net(batch.src, src_padded=padded)  # (B, classes)
+                    else:
+                        logits = self.net(batch.src, batch.tgt_in, src_padded=padded)  # (B, T, V)
+                if self.classify:
+                    loss, nll = classification_sums(logits, batch.labels, eps)
+                else:
+                    loss, nll = smoothed_nll_sums(logits, batch.tgt_out, eps, pad)
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             sums += torch.stack([loss.detach(), nll]).to(self.sum_dtype)
         n_tgt = sum(b.n_tgt_tokens for b in batches)
@@ -269,7 +278,9 @@ class Trainer:
         # Optimizer.load_state_dict would take every group option from the saved state (betas, eps, weight decay,
         # "fused"): give it this optimizer's groups and only the saved per-parameter state, matched by parameter
         saved_groups = saved["param_groups"]
-        order = _saved_parameter_order(self.params, [len(g["params"]) for g in saved_groups])
+        order = _saved_parameter_order(
+            self.params, [len(g["params"]) for g in saved_groups], self.optimizer.param_groups
+        )
         current = self.optimizer.state_dict()
         index_of = {id(p): i for i, p in enumerate(self.params)}
         current_id = {}  # model parameter index -> id in this optimizer's state dict
@@ -294,15 +305,21 @@ class Trainer:
                  "schedule", len(state), source, ours, differ)  # fmt: skip
 
 
-def _saved_parameter_order(params: list[nn.Parameter], group_sizes: list[int]) -> list[int]:
+def _saved_parameter_order(
+    params: list[nn.Parameter], group_sizes: list[int], groups: list[dict[str, Any]]
+) -> list[int]:
     """The index in ``params`` of each parameter of a saved optimizer state, in the state's order: its groups are
-    those :func:`transduce.optim.build_optimizer` made for the same trainable parameters (one group for Adam;
-    for AdamW, matrices then the rest)."""
+    those :func:`transduce.optim.build_optimizer` made for the same trainable parameters: one group for Adam; for
+    AdamW matrices then the rest; or, as this run's optimizer ``groups`` are, also split by learning-rate scale."""
     if sum(group_sizes) != len(params):
         raise ValueError(f"the saved optimizer state holds {sum(group_sizes)} parameters, this run trains "
                          f"{len(params)}")  # fmt: skip
     if len(group_sizes) == 1:
         return list(range(len(params)))
+    index_of = {id(p): i for i, p in enumerate(params)}
+    ours = [[index_of[id(p)] for p in group["params"]] for group in groups]
+    if group_sizes == [len(g) for g in ours]:
+        return [i for g in ours for i in g]
     decay = [i for i, p in enumerate(params) if p.dim() >= 2]
     rest = [i for i, p in enumerate(params) if p.dim() < 2]
     if group_sizes != [len(decay), len(rest)]:

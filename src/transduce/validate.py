@@ -40,11 +40,14 @@ class ValidResult:
     chrf_signature: str | None = None
     sentences: int = 0  # sentences decoded for BLEU
     references: str = ""  # "raw" or "decoded ids"
+    accuracy: float | None = None  # a classifier's: the percentage of examples whose best-scored label is theirs
 
     def metric(self, name: str) -> float:
         """The value compared by ``best_metric``, oriented so that higher is better."""
         if name == "bleu" and self.bleu is not None:
             return self.bleu
+        if name == "accuracy" and self.accuracy is not None:
+            return self.accuracy
         return -self.loss
 
     def to_dict(self) -> dict:
