@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "Transformer": "transduce.model",
     "Ensemble": "transduce.ensemble",
     "load_model": "transduce.checkpoint",
+    "Classifier": "transduce.classify",
+    "load_classifier": "transduce.classify",
     "save_model": "transduce.checkpoint",
     # the steps of the pipeline (training: transduce.train.train, as the name is the submodule's)
     "prepare": "transduce.data",
@@ -54,6 +56,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [  # the names of _EXPORTS (a test checks)
     "AttentionWeights",
     "CheckpointError",
+    "Classifier",
     "Config",
     "ConfigError",
     "DataConfig",
@@ -71,6 +74,7 @@ __all__ = [  # the names of _EXPORTS (a test checks)
     "Translation",
     "Translator",
     "__version__",
+    "load_classifier",
     "load_model",
     "prepare",
     "save_model",
@@ -93,6 +97,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on demand
     from transduce.checkpoint import load_model, save_model
+    from transduce.classify import Classifier, load_classifier
     from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
     from transduce.data import prepare
     from transduce.errors import CheckpointError, DataError, TransduceError
