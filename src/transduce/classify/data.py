@@ -211,7 +211,7 @@ def prepare_classification(
     Raises:
         DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.
     """
-    from transduce.data.preparation import _existing_manifest, _fingerprint
+    from transduce.data.preparation import earlier_preparation
 
     started = time.perf_counter()
     out_dir = Path(out_dir)
@@ -222,12 +222,9 @@ def prepare_classification(
 
         options["vocabulary"] = vocab_sha256(vocabulary)
     inputs = {split: corpus.record() for split, corpus in splits.items()}
-    existing = _existing_manifest(out_dir)
-    if existing is not None and not force:
-        if _fingerprint(existing) == _fingerprint({"options": options, "inputs": inputs}):
-            log.info("%s already holds this preparation (same inputs and options); reusing it", out_dir)
-            return existing
-        raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
+    existing = earlier_preparation(out_dir, options, inputs, force=force)
+    if existing is not None:
+        return existing
     labels, lines, sample = _check(splits, cfg.input_sentence_size)  # every fault raised before anything is written
     tmp = make_temp_dir(out_dir)
     try:

@@ -21,7 +21,12 @@ import sys
 from pathlib import Path
 
 from transduce.casing import INPUT_CASES
-from transduce.commands.options import add_output_argument, check_file_output, positive_int
+from transduce.commands.options import (
+    add_output_argument,
+    add_source_input_arguments,
+    check_file_output,
+    positive_int,
+)
 from transduce.commands.translate import (
     _is_terminal,
     add_loading_arguments,
@@ -45,14 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from transduce.embed import FORMATS
 
     add_loading_arguments(parser, "run directory, checkpoint or Hugging Face Marian directory (one model)")
-    parser.add_argument(
-        "-i", "--input", default="-", metavar="FILE",
-        help="source text (default: stdin; .gz is read), or the source side of a corpus as prepare reads it: "
-        "FILE.tsv (source<TAB>target) or FILE.jsonl (--src-field)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--src-field", metavar="NAME", help="JSON Lines input: the field of the source (default: src; a.b nests)"
-    )
+    add_source_input_arguments(parser)
     add_output_argument(
         parser, "FILE.npz, FILE.npy or FILE.safetensors (default: stdout, when it is not a terminal)",
         metavar="FILE", default=STDIO,

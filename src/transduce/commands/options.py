@@ -17,6 +17,18 @@ def add_output_argument(
     hidden_alias(group, "--out", "output")
 
 
+def add_source_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """``-i/--input`` (source text, or the source side of a TSV / JSON Lines corpus) and ``--src-field``."""
+    parser.add_argument(
+        "-i", "--input", default="-", metavar="FILE",
+        help="source text (default: stdin; .gz is read), or the source side of a corpus as prepare reads it: "
+        "FILE.tsv (source<TAB>target) or FILE.jsonl (--src-field)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--src-field", metavar="NAME", help="JSON Lines input: the field of the source (default: src; a.b nests)"
+    )
+
+
 def hidden_alias(parser: Any, option: str, dest: str) -> None:
     """Accept ``option`` as another spelling of the option stored in ``dest``, without listing it in the help."""
     parser.add_argument(option, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)

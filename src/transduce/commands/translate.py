@@ -28,6 +28,7 @@ from typing import Any
 
 from transduce.commands.options import (
     add_output_argument,
+    add_source_input_arguments,
     check_file_output,
     non_negative_float,
     non_negative_int,
@@ -187,14 +188,7 @@ FILES = Files(inputs=("model", "input"), outputs=("output",))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument(
-        "-i", "--input", default="-", metavar="FILE",
-        help="source text (default: stdin; .gz is read), or the source side of a corpus as prepare reads it: "
-        "FILE.tsv (source<TAB>target) or FILE.jsonl (--src-field)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--src-field", metavar="NAME", help="JSON Lines input: the field of the source (default: src; a.b nests)"
-    )
+    add_source_input_arguments(parser)
     add_output_argument(parser, "translations (default: stdout)", metavar="FILE", default="-")
     parser.add_argument("--nbest", type=positive_int, metavar="K", help="write the K best translations of each line")
     parser.add_argument(

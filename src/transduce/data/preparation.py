@@ -140,12 +140,9 @@ def _prepare_text(
 
         options["vocabulary"] = vocab_sha256(vocabulary)
     inputs = {split: _describe(corpus) for split, corpus in corpora.items()}
-    existing = _existing_manifest(out_dir)
-    if existing is not None and not force:
-        if _fingerprint(existing) == _fingerprint({"options": options, "inputs": inputs}):
-            log.info("%s already holds this preparation (same inputs and options); reusing it", out_dir)
-            return existing
-        raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
+    existing = earlier_preparation(out_dir, options, inputs, force=force)
+    if existing is not None:
+        return existing
     tmp = make_temp_dir(out_dir)
     try:
         manifest = _prepare_into(tmp, cfg, corpora, inputs, options, vocabulary)
@@ -480,6 +477,25 @@ def _log_counts(split: str, info: dict[str, Any], cfg: DataConfig) -> None:
         "" if cfg.dedup else " (dedup off)",
         counts["invalid_utf8"],
     )
+
+
+def earlier_preparation(
+    out_dir: Path, options: dict[str, Any], inputs: dict[str, Any], *, force: bool
+) -> dict[str, Any] | None:
+    """The manifest of an earlier preparation in ``out_dir`` from the same ``inputs`` and ``options``, to reuse;
+    ``None`` where there is none or ``force`` replaces it.
+
+    Raises:
+        DataError: ``out_dir`` holds a preparation from other inputs or options (and not ``force``), or something
+            that is not a prepared directory.
+    """
+    existing = _existing_manifest(out_dir)
+    if existing is None or force:
+        return None
+    if _fingerprint(existing) == _fingerprint({"options": options, "inputs": inputs}):
+        log.info("%s already holds this preparation (same inputs and options); reusing it", out_dir)
+        return existing
+    raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
 
 
 def _existing_manifest(out_dir: Path) -> dict[str, Any] | None:
