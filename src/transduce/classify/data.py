@@ -43,9 +43,9 @@ import torch
 import transduce
 from transduce.config import DataConfig
 from transduce.data.batch import _pad
-from transduce.data.binary import MANIFEST_FILE, ParallelDataset, SplitWriter, ids_dtype, split_files
+from transduce.data.binary import ParallelDataset, SplitWriter, ids_dtype, split_files
 from transduce.data.corpus import corpus_format
-from transduce.data.output import install, make_temp_dir, read_json, write_json
+from transduce.data.output import make_temp_dir, read_json
 from transduce.data.sampler import TokenBatchSampler
 from transduce.errors import DataError
 from transduce.special import EOS_ID, PAD_ID, SPECIAL_IDS
@@ -211,7 +211,7 @@ def prepare_classification(
     Raises:
         DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.
     """
-    from transduce.data.preparation import earlier_preparation
+    from transduce.data.preparation import earlier_preparation, install_prepared
 
     started = time.perf_counter()
     out_dir = Path(out_dir)
@@ -262,9 +262,7 @@ def prepare_classification(
             "labels": labels,
             "splits": info,
         }
-        manifest["seconds"] = round(time.perf_counter() - started, 2)
-        write_json(tmp / MANIFEST_FILE, manifest)  # last: its presence marks a complete directory
-        install(tmp, out_dir)
+        install_prepared(tmp, out_dir, manifest, started)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -146,9 +146,7 @@ def _prepare_text(
     tmp = make_temp_dir(out_dir)
     try:
         manifest = _prepare_into(tmp, cfg, corpora, inputs, options, vocabulary)
-        manifest["seconds"] = round(time.perf_counter() - started, 2)
-        write_json(tmp / MANIFEST_FILE, manifest)  # last: its presence marks a complete directory
-        install(tmp, out_dir)
+        install_prepared(tmp, out_dir, manifest, started)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -477,6 +475,14 @@ def _log_counts(split: str, info: dict[str, Any], cfg: DataConfig) -> None:
         "" if cfg.dedup else " (dedup off)",
         counts["invalid_utf8"],
     )
+
+
+def install_prepared(tmp: Path, out_dir: Path, manifest: dict[str, Any], started: float) -> None:
+    """Complete a preparation built in ``tmp``: its time since ``started`` and the manifest (written last: its
+    presence marks a complete directory), then ``tmp`` renamed to ``out_dir``."""
+    manifest["seconds"] = round(time.perf_counter() - started, 2)
+    write_json(tmp / MANIFEST_FILE, manifest)
+    install(tmp, out_dir)
 
 
 def earlier_preparation(
