@@ -4,6 +4,7 @@ script imports and uses it, and none speaks of anything but the repository."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -69,5 +70,26 @@ def test_every_script_uses_the_harness_and_speaks_only_of_the_repository(script)
 
 
 def test_the_kept_scripts(harness):
-    assert SCRIPTS == ["bpe_dropout", "casing", "decode_compare", "gpu_check", "linear_backends", "multi30k_select",
-                       "prepare", "scaling", "serve_load", "train_memory", "train_speed", "utf8_check"]  # fmt: skip
+    assert SCRIPTS == ["bpe_dropout", "casing", "decode_compare", "gpu_check", "linear_backends", "movie_reviews",
+                       "multi30k_select", "prepare", "scaling", "serve_load", "train_memory", "train_speed",
+                       "utf8_check"]  # fmt: skip
+
+
+def test_movie_reviews_reads_a_classifier_runs_best_accuracy_and_minutes(harness, tmp_path):
+    movie_reviews = importlib.import_module("movie_reviews")
+    for seed, (accs, minutes) in enumerate((([61.5, 74.0, 73.0], 9.5), ([70.0, 72.0, 76.0], 10.25)), start=1):
+        run = tmp_path / f"s{seed}"
+        run.mkdir()
+        events = [{"event": "valid", "step": 100 * (i + 1), "accuracy": a} for i, a in enumerate(accs)]
+        events.insert(1, {"event": "train", "step": 150, "loss": 0.5})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+        (run / "train.log").write_text(f"x INFO transduce.train: finished (max_steps) at step 300 in {minutes} min\n")
+    assert movie_reviews.run_summary(tmp_path / "s1") == (74.0, 200, 300, 9.5)
+    per_row, per_run = movie_reviews.runs_table([f"scratch={tmp_path / 's1'},{tmp_path / 's2'}"])
+    assert per_row == [["scratch", "74.00 / 76.00", "75.00% ± 1.41", "10.2"]]
+    assert [r[2:] for r in per_run] == [["74.00%", "200", "300", "9.5"], ["76.00%", "300", "300", "10.2"]]
+    (tmp_path / "s3").mkdir()
+    (tmp_path / "s3" / "metrics.jsonl").write_text("", encoding="utf-8")
+    (tmp_path / "s3" / "train.log").write_text("still training\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="no 'finished' line"):
+        movie_reviews.run_summary(tmp_path / "s3")
