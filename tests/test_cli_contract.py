@@ -321,6 +321,20 @@ ROWS = [
             lambda f: f"error: -o/--output {f.ref} is the same file as --ref {f.ref}: {SAME}"),
     refused("evaluate", "output-without-translation", lambda f: evaluate(f, "--hyp", f.good, "-o", f.out()),
             "error: -o/--output writes the translations of --src; with --hyp nothing is translated"),
+    refused("evaluate", "classifier-without-src", lambda f: classify(f),
+            lambda f: f"error: {f.classifier} is a classifier: give --src FILE.tsv (label<TAB>text) or FILE.jsonl, "
+            "the labelled examples to score it on"),
+    refused("evaluate", "classifier-on-text", lambda f: classify(f, "--src", f.good),
+            lambda f: f"error: {f.good}: a classifier is evaluated on labelled examples: FILE.tsv (label<TAB>text) or "
+            "FILE.jsonl (or --format tsv / jsonl)"),
+    refused("evaluate", "classifier-unknown-label", lambda f: classify(f, "--src", f.tsv, "-o", f.out()),
+            lambda f: f"error: {f.tsv}, line 1: label 'a man rides' is not one of the classifier's labels (neg, pos)"),
+    refused("evaluate", "classifier-decoding", lambda f: classify(f, "--src", f.tsv, "--beam", "2"),
+            lambda f: f"error: --beam applies to translation; {f.classifier} is a classifier, scored on the labels of "
+            "--src"),
+    refused("evaluate", "format-for-translation", lambda f: evaluate(f, "--model", f.model, "--src", f.good,
+            "--format", "tsv"),
+            "error: --format reads a classifier's examples; this evaluation translates"),
     unknown_flag("evaluate", lambda f: evaluate(f, "--hyp", f.good)),
     # parse: -i FILE, --treebank, -o, --scores (the right-branching baseline needs no model)
     refused("parse", "missing-file", lambda f: parse(f, "-i", f.missing),

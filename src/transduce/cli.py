@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "download": ("download", "fetch a public dataset's raw files (Multi30k)"),
     "translate": ("translate", "translate raw text with a trained model (stdin to stdout by default)"),
     "classify": ("classify", "label texts with a trained classifier (data.task: classify)"),
-    "evaluate": ("evaluate", "translate a test set and score it with sacreBLEU (BLEU, chrF)"),
+    "evaluate": ("evaluate", "translate a test set and score it with sacreBLEU (BLEU, chrF); or score a classifier"),
     "parse": ("parse", "parse sentences into constituency trees (data.task: parse) and score them (EVALB)"),
     "attention": ("attention", "draw attention heatmaps of one sentence pair (PNG)"),
     "embed": ("embed", "contextual word vectors from the encoder (CoVe) into .npz, .npy or .safetensors"),
