@@ -461,6 +461,8 @@ ROWS = [
             "--port must be between 0 and 65535 (got -1)"),
     refused("serve", "out-of-range-limit", lambda f: ["--model", f.model, "--max-sentences", "0"],
             "--max-sentences must be >= 1 (got 0)"),
+    refused("serve", "classifier-decoding", lambda f: ["--model", f.classifier, "--port", "0", "--beam", "2"],
+            lambda f: f"error: --beam applies to translation; {f.classifier} is a classifier"),
     unknown_flag("serve", lambda f: ["--model", f.model]),
     # attention: --model, --src TEXT, -o FILE.png
     refused("attention", "missing-file", lambda f: ["--model", f.missing, "--src", "a man", "-o", f.out("a.png")],
