@@ -20,11 +20,16 @@ import argparse
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transduce.commands.options import add_output_argument, check_file_output, non_negative_int, positive_int
 from transduce.errors import TransduceError
 from transduce.files import STDIO, Files, open_output
+
+if TYPE_CHECKING:
+    from transduce.classify import Classification, Classifier
+    from transduce.classify.inputs import Fields
+    from transduce.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def classifier_config(path: str):
+def classifier_config(path: str) -> Config:
     """The config of the classifier at ``path``, read without its weights.
 
     Raises:
@@ -112,7 +117,7 @@ def classifier_config(path: str):
     return config
 
 
-def input_fields(args: argparse.Namespace, config: Any, path: str, form: str):
+def input_fields(args: argparse.Namespace, config: Config, path: str, form: str) -> Fields:
     """The :class:`~transduce.classify.inputs.Fields` of the input ``path`` (read as ``form``): the run's, with
     --text-field / --text2-field (and --label-field, for evaluate).
 
@@ -137,7 +142,7 @@ def input_fields(args: argparse.Namespace, config: Any, path: str, form: str):
                   label=getattr(args, "label_field", None) or data.label_field, pairs=pairs)  # fmt: skip
 
 
-def load(args: argparse.Namespace):
+def load(args: argparse.Namespace) -> Classifier:
     """The :class:`~transduce.classify.Classifier` of --model on --device, with --batch-size and --threads."""
     import torch
 
@@ -159,11 +164,11 @@ def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def format_label(result: Any) -> str:
+def format_label(result: Classification) -> str:
     """The label, one line."""
     return result.label + "\n"
 
 
-def format_json(result: Any) -> str:
+def format_json(result: Classification) -> str:
     """``{"label": ..., "probabilities": {label: p, ...}}`` on one line."""
     return json.dumps(result.to_dict(), ensure_ascii=False) + "\n"
