@@ -17,7 +17,7 @@ from decodekit import make_checkpoint
 from transduce import checkpoint as ckpt
 from transduce.classify import load_classifier, transfer
 from transduce.classify.data import collate_classes
-from transduce.classify.model import ENCODER_PREFIXES, Classifier
+from transduce.classify.model import ENCODER_PREFIXES, ClassifierModel
 from transduce.classify.training import loss_sums
 from transduce.cli import main
 from transduce.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig
@@ -74,10 +74,10 @@ def classify_config(run_dir: Path, train_file: Path, valid_file: Path | None, *,
     })  # fmt: skip
 
 
-def tiny_classifier(**fields) -> Classifier:
+def tiny_classifier(**fields) -> ClassifierModel:
     torch.manual_seed(0)
     cfg = ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=40, labels=["a", "b", "c"], **fields)
-    return Classifier(cfg).eval()
+    return ClassifierModel(cfg).eval()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -153,10 +153,10 @@ def translation(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("translation"))
 
 
-def initialised(init_from: Path, **model) -> Classifier:
+def initialised(init_from: Path, **model) -> ClassifierModel:
     config = Config.from_dict({"model": model, "data": {"task": "classify"}, "train": {"init_from": str(init_from)}})
     _, _, vocab, _ = _pretrained(str(init_from))
-    classifier = Classifier(transfer.model_config(config, vocab, ["neg", "pos"], resume=False))
+    classifier = ClassifierModel(transfer.model_config(config, vocab, ["neg", "pos"], resume=False))
     transfer.initialise(classifier, config)
     return classifier.eval()
 
@@ -377,8 +377,8 @@ def classifier_run(toy, tmp_path_factory) -> Path:
 
 
 def test_translation_commands_refuse_a_classifier_in_one_line(classifier_run: Path, tmp_path: Path, capsys):
-    message = (f"{classifier_run} is a classifier (data.task: classify): use transduce.classify.load_classifier; this "
-               "command takes a translation model")  # fmt: skip
+    message = (f"{classifier_run} is a classifier (data.task: classify): use transduce classify (in Python: "
+               "transduce.Classifier.load); this command takes a translation model")  # fmt: skip
     with pytest.raises(CheckpointError) as e:
         Translator.load(classifier_run)
     assert str(e.value) == message

@@ -35,10 +35,11 @@ def visible_options(parser: argparse.ArgumentParser) -> set[str]:
 def test_every_verb_names_the_model_and_the_output_the_same_way():
     parsers = subparsers()
     assert set(parsers) == set(COMMANDS)
-    for verb in ("translate", "evaluate", "attention", "report", "export", "average", "serve", "import-hf", "embed"):
+    for verb in ("translate", "classify", "evaluate", "attention", "report", "export", "average", "serve", "import-hf",
+                 "embed"):  # fmt: skip
         assert "--model" in visible_options(parsers[verb]), verb
-    for verb in ("translate", "evaluate", "attention", "export", "average", "prepare", "train", "quickstart",
-                 "import-hf", "embed"):  # fmt: skip
+    for verb in ("translate", "classify", "evaluate", "attention", "export", "average", "prepare", "train",
+                 "quickstart", "import-hf", "embed"):  # fmt: skip
         assert {"-o", "--output"} <= visible_options(parsers[verb]), verb
         assert "--out" not in visible_options(parsers[verb]), verb  # the old spelling: accepted, not listed
     for verb in parsers:

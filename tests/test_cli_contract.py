@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from classifykit import make_classifier_checkpoint
 from decodekit import one_thread
 from transduce.cli import build_parser, main
 
@@ -41,6 +42,7 @@ class Files:
 
     root: Path
     model: Path  # a standalone checkpoint (a random test-preset model with a real vocabulary)
+    classifier: Path  # a random test-preset classifier over the same vocabulary (data.task: classify)
 
     @property
     def missing(self) -> Path:
@@ -78,6 +80,11 @@ class Files:
     def tsv(self) -> Path:
         return self.root / "good.tsv"
 
+    def texts(self, name: str) -> Path:
+        """A classifier's input: ``blank.txt`` (an empty second line), ``nofield.jsonl`` (a line without "text"),
+        ``notjson.jsonl`` (a line that is not JSON)."""
+        return self.root / "classify" / name
+
     def out(self, name: str = "out.txt") -> Path:
         return self.root / "new" / name
 
@@ -89,7 +96,11 @@ BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe\x00" * 64
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, checkpoint) -> Files:
     root = tmp_path_factory.mktemp("contract")
-    f = Files(root, checkpoint)
+    f = Files(root, checkpoint, make_classifier_checkpoint(root / "classifier", checkpoint / "vocab"))
+    f.texts("").mkdir()
+    f.texts("blank.txt").write_text("a man rides\n\nthe dog\n", encoding="utf-8")
+    f.texts("nofield.jsonl").write_text('{"text": "a man rides"}\n{"sentence": "the dog"}\n', encoding="utf-8")
+    f.texts("notjson.jsonl").write_text('{"text": "a man rides"}\nthe dog\n', encoding="utf-8")
     f.empty.write_bytes(b"")
     f.dir.mkdir()
     f.binary.write_bytes(BINARY)
@@ -207,6 +218,10 @@ def embed(f: Files, *more) -> list:
     return ["--model", f.model, "-o", f.out("v.npz"), *more]
 
 
+def classify(f: Files, *more) -> list:
+    return ["--model", f.classifier, *more]
+
+
 def evaluate(f: Files, *more) -> list:
     return ["--ref", f.ref, *more]
 
@@ -245,7 +260,47 @@ ROWS = [
             lambda f: f"error: -o/--output {f.good} is the same file as -i/--input {f.good}: {SAME}"),
     refused("translate", "output-is-directory", lambda f: translate(f, "-i", f.good, "-o", f.dir),
             lambda f: f"error: -o/--output {f.dir}: is a directory; give a file name"),
+    refused("translate", "classifier", lambda f: ["--model", f.classifier, "-i", f.good],
+            lambda f: f"error: {f.classifier} is a classifier (data.task: classify): use transduce classify (in "
+            "Python: transduce.Classifier.load); this command takes a translation model"),
     unknown_flag("translate", lambda f: translate(f, "-i", f.good)),
+    # classify: --model, -i FILE (text, TSV, JSON Lines), -o
+    refused("classify", "missing-file", lambda f: classify(f, "-i", f.missing),
+            lambda f: f"error: {f.missing}: file not found"),
+    refused("classify", "empty-file", lambda f: classify(f, "-i", f.empty),
+            lambda f: f"error: {f.empty}: the file is empty: no lines to classify"),
+    refused("classify", "directory", lambda f: classify(f, "-i", f.dir),
+            lambda f: f"error: {f.dir}: is a directory, not a text file"),
+    refused("classify", "binary", lambda f: classify(f, "-i", f.binary), lambda f: not_utf8(f.binary)),
+    refused("classify", "missing-model", lambda f: ["--model", f.missing, "-i", f.good],
+            lambda f: f"error: {f.missing}: {NO_MODEL}"),
+    refused("classify", "translation-model", lambda f: ["--model", f.model, "-i", f.good],
+            lambda f: f"error: {f.model} is not a classifier (data.task: translate): use transduce translate"),
+    refused("classify", "empty-text", lambda f: classify(f, "-i", f.texts("blank.txt"), "-o", f.out()),
+            lambda f: f"error: {f.texts('blank.txt')}, line 2: empty text"),
+    refused("classify", "jsonl-without-field", lambda f: classify(f, "-i", f.texts("nofield.jsonl"), "-o", f.out()),
+            lambda f: f"error: {f.texts('nofield.jsonl')}, line 2: no field 'text' (found: 'sentence'); --text-field "
+            "names another"),
+    refused("classify", "jsonl-not-json", lambda f: classify(f, "-i", f.texts("notjson.jsonl")),
+            lambda f: f"error: {f.texts('notjson.jsonl')}, line 2: not valid JSON (Expecting value at column 1); "
+            "JSON Lines needs one object per line"),
+    refused("classify", "tsv-without-tab", lambda f: classify(f, "-i", f.good, "--format", "tsv"),
+            lambda f: f"error: {f.good}, line 1: expected label<TAB>text (one tab), found no tab"),
+    refused("classify", "field-of-text", lambda f: classify(f, "-i", f.good, "--text-field", "body"),
+            lambda f: f"error: --text-field names a field of a JSON Lines input (FILE.jsonl or --format jsonl), not "
+            f"of {f.good}"),
+    refused("classify", "second-text-of-single", lambda f: classify(f, "-i", f.texts("nofield.jsonl"),
+            "--text2-field", "b"),
+            "error: --text2-field: this classifier reads single texts (it was trained without data.text2_field)"),
+    refused("classify", "out-of-range", lambda f: classify(f, "-i", f.good, "--batch-size", "0"),
+            "--batch-size must be >= 1 (got 0)"),
+    refused("classify", "bad-choice", lambda f: classify(f, "-i", f.good, "--format", "csv"),
+            "--format: invalid choice: 'csv' (choose from 'text', 'tsv', 'jsonl')"),
+    refused("classify", "output-is-input", lambda f: classify(f, "-i", f.good, "-o", f.good),
+            lambda f: f"error: -o/--output {f.good} is the same file as -i/--input {f.good}: {SAME}"),
+    refused("classify", "output-is-directory", lambda f: classify(f, "-i", f.good, "-o", f.dir),
+            lambda f: f"error: -o/--output {f.dir}: is a directory; give a file name"),
+    unknown_flag("classify", lambda f: classify(f, "-i", f.good)),
     # evaluate: --hyp, --ref, --src
     refused("evaluate", "missing-file", lambda f: evaluate(f, "--hyp", f.missing),
             lambda f: f"error: {f.missing}: file not found"),
@@ -266,6 +321,20 @@ ROWS = [
             lambda f: f"error: -o/--output {f.ref} is the same file as --ref {f.ref}: {SAME}"),
     refused("evaluate", "output-without-translation", lambda f: evaluate(f, "--hyp", f.good, "-o", f.out()),
             "error: -o/--output writes the translations of --src; with --hyp nothing is translated"),
+    refused("evaluate", "classifier-without-src", lambda f: classify(f),
+            lambda f: f"error: {f.classifier} is a classifier: give --src FILE.tsv (label<TAB>text) or FILE.jsonl, "
+            "the labelled examples to score it on"),
+    refused("evaluate", "classifier-on-text", lambda f: classify(f, "--src", f.good),
+            lambda f: f"error: {f.good}: a classifier is evaluated on labelled examples: FILE.tsv (label<TAB>text) or "
+            "FILE.jsonl (or --format tsv / jsonl)"),
+    refused("evaluate", "classifier-unknown-label", lambda f: classify(f, "--src", f.tsv, "-o", f.out()),
+            lambda f: f"error: {f.tsv}, line 1: label 'a man rides' is not one of the classifier's labels (neg, pos)"),
+    refused("evaluate", "classifier-decoding", lambda f: classify(f, "--src", f.tsv, "--beam", "2"),
+            lambda f: f"error: --beam applies to translation; {f.classifier} is a classifier, scored on the labels of "
+            "--src"),
+    refused("evaluate", "format-for-translation", lambda f: evaluate(f, "--model", f.model, "--src", f.good,
+            "--format", "tsv"),
+            "error: --format reads a classifier's examples; this evaluation translates"),
     unknown_flag("evaluate", lambda f: evaluate(f, "--hyp", f.good)),
     # parse: -i FILE, --treebank, -o, --scores (the right-branching baseline needs no model)
     refused("parse", "missing-file", lambda f: parse(f, "-i", f.missing),
@@ -392,6 +461,8 @@ ROWS = [
             "--port must be between 0 and 65535 (got -1)"),
     refused("serve", "out-of-range-limit", lambda f: ["--model", f.model, "--max-sentences", "0"],
             "--max-sentences must be >= 1 (got 0)"),
+    refused("serve", "classifier-decoding", lambda f: ["--model", f.classifier, "--port", "0", "--beam", "2"],
+            lambda f: f"error: --beam applies to translation; {f.classifier} is a classifier"),
     unknown_flag("serve", lambda f: ["--model", f.model]),
     # attention: --model, --src TEXT, -o FILE.png
     refused("attention", "missing-file", lambda f: ["--model", f.missing, "--src", "a man", "-o", f.out("a.png")],

@@ -81,6 +81,14 @@ def test_health_describes_model_defaults_and_limits(client, reference):
     assert set(h["stats"]) >= {"requests", "sentences", "batches", "calls"}
 
 
+def test_a_translation_server_says_it_serves_no_classifier(client):
+    answer = client.post("/classify", json={"texts": ["a dog runs."]})
+    assert answer.status_code == 404
+    assert answer.json()["error"] == ("this server serves a translation model (data.task: translate): POST "
+                                      "/translate; /classify needs a classifier (data.task: classify)")  # fmt: skip
+    assert client.get("/health").json()["task"] == "translate"
+
+
 def test_translate_equals_translator_with_default_and_other_options(client, reference):
     sentences = copy_sentences(10, seed=11)
     sentences[3:3] = ["", "   "]

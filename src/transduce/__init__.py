@@ -7,6 +7,10 @@ The main names are here, imported on first use (``import transduce`` alone does 
     translator.translate(["A man rides a bike."])           # ['Ein Mann fährt Fahrrad.']
     translator.translate_file("test.en", "test.hyp.de")
 
+    from transduce import Classifier
+    classifier = Classifier.load("runs/movie_reviews_finetune")   # a sentence classifier (data.task: classify)
+    classifier.predict(["A gripping, funny film."])                # ['positive']
+
     from transduce import Config, prepare, score
     manifest = prepare(Config.load("configs/toy.yaml").data, "prepared/toy")
     score(hypotheses, references).bleu
@@ -41,14 +45,15 @@ _EXPORTS: dict[str, str] = {
     "Transformer": "transduce.model",
     "Ensemble": "transduce.ensemble",
     "load_model": "transduce.checkpoint",
-    "Classifier": "transduce.classify",
-    "load_classifier": "transduce.classify",
     "save_model": "transduce.checkpoint",
     # the steps of the pipeline (training: transduce.train.train, as the name is the submodule's)
     "prepare": "transduce.data",
     "Tokenizer": "transduce.tokenizer",
     "Translator": "transduce.translate",
     "Translation": "transduce.translate",
+    "Classifier": "transduce.classify",
+    "Classification": "transduce.classify",
+    "load_classifier": "transduce.classify",
     "score": "transduce.evaluate",
     "Scores": "transduce.evaluate",
 }
@@ -56,6 +61,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [  # the names of _EXPORTS (a test checks)
     "AttentionWeights",
     "CheckpointError",
+    "Classification",
     "Classifier",
     "Config",
     "ConfigError",
@@ -97,7 +103,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on demand
     from transduce.checkpoint import load_model, save_model
-    from transduce.classify import Classifier, load_classifier
+    from transduce.classify import Classification, Classifier, load_classifier
     from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
     from transduce.data import prepare
     from transduce.errors import CheckpointError, DataError, TransduceError

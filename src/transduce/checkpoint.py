@@ -466,14 +466,14 @@ def load_model(
         directory to pass to :func:`transduce.vocab.load_vocabulary`.
     Raises:
         CheckpointError: a missing, truncated or corrupt file, a vocabulary that does not match, or a classifier
-            (:func:`transduce.classify.load_classifier` loads those).
+            (:meth:`transduce.Classifier.load` loads those).
     """
     checkpoint = resolve(path)
     verify(checkpoint, checksums=checksums)
     info = read_info(checkpoint)
     if info.config.data.task == "classify":  # (translate, serve, export, average, attention and init_from load here)
-        raise CheckpointError(f"{path} is a classifier (data.task: classify): use transduce.classify.load_classifier; "
-                              "this command takes a translation model")  # fmt: skip
+        raise CheckpointError(f"{path} is a classifier (data.task: classify): use transduce classify (in Python: "
+                              "transduce.Classifier.load); this command takes a translation model")  # fmt: skip
     vocab_dir = vocab_dir_of(checkpoint)
     check_vocab(info, vocab_dir)
     model = Transformer(info.config.model)

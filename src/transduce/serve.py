@@ -102,6 +102,7 @@ class AttentionResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: str = Field(description='"ok"')
+    task: str = Field(description="what the model was trained for (data.task: translate or parse)")
     model: dict[str, Any] = Field(
         description="the model's shape (an ensemble's first member's, and \"ensemble\": its size)"
     )
@@ -216,27 +217,8 @@ def create_app(
 
     batcher = Batcher(translate_batch, wait_ms=batch_wait_ms, max_batch_sentences=max_batch_sentences)
     started = time.monotonic()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
-
-    app = FastAPI(
-        title="transduce",
-        summary="Transformer machine translation with dynamic batching",
-        version=_version(),
-        lifespan=lifespan,
-    )
-    app.state.batcher = batcher
+    app = base_app(batcher, "Transformer machine translation with dynamic batching", max_body_bytes)
     app.state.translator = translator
-    app.add_middleware(JsonBody)  # (inside the size limit, which is added last: the outermost)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
 
     def check_options(options: dict[str, Any]) -> JSONResponse | None:
         """422 if DecodeConfig rejects the options as the request will use them (``Translator.search_config``), or
@@ -332,11 +314,19 @@ def create_app(
             cross=maps.cross.double().round(decimals=4).tolist(),
         )
 
+    @app.post("/classify", include_in_schema=False)
+    async def classify() -> JSONResponse:
+        task = getattr(translator, "task", "translate")
+        what = {"translate": "translation", "parse": "parsing"}.get(task, task)
+        return json_error(404, f"this server serves a {what} model (data.task: {task}): POST /translate; /classify "
+                               "needs a classifier (data.task: classify)")  # fmt: skip
+
     @app.get("/health", response_model=HealthResponse)
     async def health() -> Any:
-        """Liveness, the model, the decoding defaults, the limits and the batching counters."""
+        """Liveness, the task, the model, the decoding defaults, the limits and the batching counters."""
         return HealthResponse(
             status="ok",
+            task=getattr(translator, "task", "translate"),
             model=model_info,
             decode=translator.decode.to_dict(),
             limits=limits,
@@ -348,6 +338,27 @@ def create_app(
     async def index() -> HTMLResponse:
         return HTMLResponse(page)
 
+    return app
+
+
+def base_app(batcher: Batcher, summary: str, max_body_bytes: int) -> FastAPI:
+    """A FastAPI app that starts and stops ``batcher`` with itself and has what every transduce server has: the
+    request-body limit (413), the check that bodies are UTF-8 JSON and the one-line ``"error"`` of every error."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+
+    app = FastAPI(title="transduce", summary=summary, version=_version(), lifespan=lifespan)
+    app.state.batcher = batcher
+    app.add_middleware(JsonBody)  # (inside the size limit, which is added last: the outermost)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
 
 
@@ -414,25 +425,40 @@ def serve(
     *,
     device: str = "cpu",
     translator: Any = None,
+    classifier: Any = None,
     access_log: bool = True,
     **options: Any,
 ) -> None:
     """Load a model and serve it until interrupted (Ctrl-C: a graceful shutdown).
 
     Args:
-        model_path: run directory or checkpoint (ignored when ``translator`` is given).
+        model_path: run directory or checkpoint (ignored when ``translator`` or ``classifier`` is given); a
+            classifier's (``data.task: classify``) is served by
+            :func:`transduce.classify.serve.create_classifier_app`.
         translator: an already loaded translator.
+        classifier: an already loaded :class:`transduce.classify.Classifier`.
         access_log: log one line per request.
-        options: :func:`create_app`'s limits and batching settings.
+        options: :func:`create_app`'s (or ``create_classifier_app``'s) limits and batching settings.
     """
-    if translator is None:
-        from transduce.translate import Translator
+    if translator is None and classifier is None:
+        from transduce.classify import Classifier, is_classifier
 
-        translator = Translator.load(model_path, device)
-    app = create_app(translator, **options)
+        if is_classifier(model_path):
+            classifier = Classifier.load(model_path, device)
+        else:
+            from transduce.translate import Translator
+
+            translator = Translator.load(model_path, device)
+    if classifier is not None:
+        from transduce.classify.serve import create_classifier_app
+
+        app = create_classifier_app(classifier, **options)
+    else:
+        app = create_app(translator, **options)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_config=None, log_level="info")
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host
-    log.info("serving %s on http://%s:%d/ (the page; API documentation at /docs)", model_path, shown, port)
+    what = "API documentation" if classifier is not None else "the page; API documentation"
+    log.info("serving %s on http://%s:%d/ (%s at /docs)", model_path, shown, port, what)
     server.run()
     log.info("stopped")

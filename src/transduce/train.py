@@ -35,7 +35,7 @@ from transduce import checkpoint as ckpt
 from transduce import finetune, memory, optim
 from transduce.classify import training as classify_training
 from transduce.classify import transfer
-from transduce.classify.model import Classifier
+from transduce.classify.model import ClassifierModel
 from transduce.config import Config, ConfigError, ModelConfig
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
@@ -222,9 +222,9 @@ class _Run:
         self.vocab_sha = ckpt.vocab_sha256(self.run_dir / ckpt.VOCAB_DIR)
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
         self.classify = self.config.data.task == "classify"
-        self.model: Transformer | Classifier
+        self.model: Transformer | ClassifierModel
         if self.classify:
-            self.model = Classifier(self.config.model)
+            self.model = ClassifierModel(self.config.model)
             if self.cfg.init_from and not resume:
                 transfer.initialise(self.model, self.config)
             transfer.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains

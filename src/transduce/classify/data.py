@@ -67,10 +67,12 @@ class LabelledCorpus:
     """One classification corpus: its file, its form (``"tsv"`` or ``"jsonl"``) and the fields of JSON Lines.
 
     Attributes:
-        path: the file.
+        path: the file (``"-"``: standard input).
         format: ``"tsv"`` or ``"jsonl"``.
         label_field, text_field: JSON Lines fields (dotted names reach into nested objects).
         text2_field: the second text of a sentence pair; ``""``: single texts (a TSV line then has one tab).
+        labelled: False for texts to classify: the label is not read (a JSON Lines line needs no label field, a TSV
+            line's label column may hold anything) and :meth:`examples` gives None for it.
     """
 
     path: Path
@@ -78,9 +80,10 @@ class LabelledCorpus:
     label_field: str = "label"
     text_field: str = "text"
     text2_field: str = ""
+    labelled: bool = True
 
-    def examples(self) -> Iterator[tuple[int, str, str, str | None]]:
-        """``(line number from 1, label, text, second text or None)`` for every line.
+    def examples(self) -> Iterator[tuple[int, str | None, str, str | None]]:
+        """``(line number from 1, label (None when not labelled), text, second text or None)`` for every line.
 
         Raises:
             DataError: naming the file and line (see the module docstring).
@@ -97,9 +100,9 @@ class LabelledCorpus:
                 fields = parts
             else:
                 fields = self._json_fields(raw, where)
-            label, text = fields[0].strip(), fields[1]
+            label, text = fields[0].strip() if self.labelled else None, fields[1]
             text2 = fields[2] if self.text2_field else None
-            if not label:
+            if label == "":
                 raise DataError(f"{where}: empty label")
             for what, value in (("text", text), ("second text", text2)):
                 if value is not None and not value.strip():
@@ -116,10 +119,11 @@ class LabelledCorpus:
             raise DataError(f"{where}: not valid JSON ({what}); JSON Lines needs one object per line") from None
         if not isinstance(obj, dict):
             raise DataError(f"{where}: expected a JSON object")
-        names = [("label", self.label_field), ("text", self.text_field)]
+        names = [("label", self.label_field)] if self.labelled else []
+        names.append(("text", self.text_field))
         if self.text2_field:
             names.append(("text2", self.text2_field))
-        out = []
+        out = [] if self.labelled else [""]  # (the label's place)
         for option, name in names:
             value: Any = obj
             for part in name.split("."):

@@ -2,7 +2,7 @@
 
 The encoder is the translation model's (:class:`transduce.model.Transformer`): the same modules under the same names
 (``src_embed``, ``src_positions``, ``encoder_layers``, ``encoder_norm``), so a translation model's source embeddings
-and encoder load into it by name and :meth:`Classifier.encode` computes exactly what the translation model's
+and encoder load into it by name and :meth:`ClassifierModel.encode` computes exactly what the translation model's
 ``encode`` does. On top of it (``model.transfer``):
 
 - ``finetune``: the encoder's states are pooled and classified; everything trains (the pretrained part at
@@ -19,7 +19,7 @@ vocabulary id, so that a pretrained vocabulary needs no new entry; it has no pos
 the positions the encoder was trained with); ``mean`` averages the states of the real (non-padding) positions.
 The head (:class:`transduce.model.layers.ClassificationHead`) is dropout and one linear layer.
 
-    model = Classifier(ModelConfig.preset("test", src_vocab_size=8000, tgt_vocab_size=8000, labels=["neg", "pos"]))
+    model = ClassifierModel(ModelConfig.preset("test", src_vocab_size=8000, tgt_vocab_size=8000, labels=["neg", "pos"]))
     logits = model(src)  # (B, 2); src: (B, S) text ids + eos, right-padded
 """
 
@@ -46,7 +46,7 @@ from transduce.model.packed import forget_packed
 ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_layers.", "encoder_norm.")
 
 
-class Classifier(nn.Module):
+class ClassifierModel(nn.Module):
     """Encoder + pooling + head (see the module docstring).
 
     Args:
@@ -160,7 +160,7 @@ class Classifier(nn.Module):
         real = src.ne(self.config.pad_id).unsqueeze(-1).to(states.dtype)  # (B, S, 1)
         return (states * real).sum(dim=1) / real.sum(dim=1).clamp(min=1.0)
 
-    def train(self, mode: bool = True) -> Classifier:
+    def train(self, mode: bool = True) -> ClassifierModel:
         """Training or evaluation mode; under CoVe the pretrained part stays in evaluation mode (no dropout), and the
         packed inference weights (:func:`~transduce.model.packed.project`) are dropped as the Transformer's are."""
         forget_packed(self)
@@ -175,4 +175,4 @@ class Classifier(nn.Module):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
 
-__all__ = ["ENCODER_PREFIXES", "Classifier"]
+__all__ = ["ENCODER_PREFIXES", "ClassifierModel"]

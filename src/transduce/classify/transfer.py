@@ -25,7 +25,7 @@ import logging
 import torch
 from torch import nn
 
-from transduce.classify.model import ENCODER_PREFIXES, Classifier
+from transduce.classify.model import ENCODER_PREFIXES, ClassifierModel
 from transduce.config import Config, ModelConfig
 from transduce.finetune import _TUNABLE, FinetuneError, _pretrained
 from transduce.tokenizer import Vocabulary
@@ -64,7 +64,7 @@ def _unique_parameters(modules: list[nn.Module]) -> dict[int, nn.Parameter]:
     return {id(p): p for m in modules for p in m.parameters()}
 
 
-def initialise(model: Classifier, config: Config) -> None:
+def initialise(model: ClassifierModel, config: Config) -> None:
     """Copy the source embeddings and the encoder of ``init_from`` into ``model``; drop the rest (logged).
 
     Raises:
@@ -94,7 +94,7 @@ def initialise(model: Classifier, config: Config) -> None:
     _pretrained.cache_clear()  # the classifier holds the weights now
 
 
-def freeze(model: Classifier, config: Config) -> None:
+def freeze(model: ClassifierModel, config: Config) -> None:
     """Keep fixed (``requires_grad=False``) what ``train.freeze_encoder`` (the whole pretrained part),
     ``freeze_embeddings`` (the embeddings and learned positions) and ``freeze_layers: N`` (the embeddings and the
     lowest N encoder layers) say. CoVe's pretrained part is fixed by the model itself. Call before the optimizer
@@ -124,7 +124,7 @@ def freeze(model: Classifier, config: Config) -> None:
 def lr_scales(model: nn.Module, config: Config) -> dict[int, float]:
     """``{id(parameter): multiplier of the learning rate}`` for the parameters that do not train at the schedule's
     rate: with ``init_from``, the pretrained part of a classifier at ``train.pretrained_lr_scale``; else none."""
-    if not isinstance(model, Classifier) or not config.train.init_from:
+    if not isinstance(model, ClassifierModel) or not config.train.init_from:
         return {}
     scale = config.train.pretrained_lr_scale
     return {id(p): scale for p in model.pretrained_parameters() if p.requires_grad}

@@ -14,6 +14,12 @@ src and tgt by default). Without --ref, a TSV or JSON Lines --src gives the refe
 Scores are on detokenised, cased text. --lc-tok LANG adds the Multi30k literature's number (lowercased,
 Moses-tokenised), labelled bleu_lc_tok; it is not comparable with sacreBLEU's. Hypothesis and reference files with
 different numbers of lines are an error: nothing is scored.
+
+A classifier (data.task: classify) is scored on labelled examples in its training data's form, FILE.tsv
+(label<TAB>text) or FILE.jsonl (the run's fields unless --text-field, --text2-field, --label-field): accuracy,
+macro-F1, the confusion matrix (rows gold, columns predicted) and each class's precision, recall and F1, in percent.
+  transduce evaluate --model runs/movie_reviews_finetune --src reviews/test.tsv
+  transduce evaluate --model runs/movie_reviews_finetune --src reviews/test.tsv --json -o test.labels
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import json
 import logging
 
+from transduce.commands.classify import add_input_form_arguments
 from transduce.commands.options import add_output_argument, check_file_output, hidden_alias
 from transduce.commands.translate import add_model_arguments, check_field, decode_config, load_translator
 from transduce.errors import TransduceError
@@ -48,11 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--src-field", metavar="NAME", help="JSON Lines: the field of the source (default: src)")
     parser.add_argument("--tgt-field", metavar="NAME", help="JSON Lines: the field of the reference (default: tgt)")
-    add_output_argument(parser, "also write the translations here", metavar="FILE")
+    add_output_argument(parser, "also write the translations (a classifier: the labels) here", metavar="FILE")
     hidden_alias(parser, "--hyp-out", "output")
     parser.add_argument("--lc-tok", metavar="LANG", help="also lowercased Moses-tokenised BLEU (target language)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     parser.add_argument("--force", action="store_true", help="score references that look tokenised anyway")
+    g = parser.add_argument_group("a classifier's examples (--src)")
+    add_input_form_arguments(g, ("tsv", "jsonl"))
+    g.add_argument("--label-field", metavar="NAME", help="JSON Lines: the label (default: the run's data.label_field)")
 
 
 def _read(path: str, side: str = "target", field: str | None = None) -> list[str]:
@@ -88,8 +98,14 @@ def _references(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transduce.classify import is_classifier
     from transduce.evaluate import LengthMismatchError, score, score_tokenized_lowercase, tokenized_evidence
 
+    if args.model and is_classifier(args.model[0]):
+        return run_classifier(args)
+    given = next((option for option, dest in CLASSIFIER_OPTIONS.items() if getattr(args, dest) is not None), None)
+    if given is not None:
+        raise TransduceError(f"{given} reads a classifier's examples; this evaluation translates")
     if (args.src is None) == (args.hyp is None):
         raise TransduceError("give exactly one of --src (with --model) and --hyp")
     if args.hyp is not None and args.output:
@@ -131,4 +147,55 @@ def run(args: argparse.Namespace) -> int:
         print(f"chrF = {scores.chrf:.2f}  ({scores.chrf_signature})")
         if args.lc_tok:
             print(f"BLEU (lowercased, Moses-tokenised; not sacreBLEU) = {result['bleu_lc_tok']:.2f}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a classifier
+
+#: the options for a classifier's examples -> their argparse dest
+CLASSIFIER_OPTIONS = {"--format": "format", "--text-field": "text_field", "--text2-field": "text2_field",
+                      "--label-field": "label_field"}  # fmt: skip
+#: the options for translation (as spelled -> argparse dest) that mean nothing for a classifier
+TRANSLATION_OPTIONS = {"--hyp": "hyp", "--ref": "ref", "--lc-tok": "lc_tok", "--src-field": "src_field",
+                       "--tgt-field": "tgt_field", "--max-input-tokens": "max_input_tokens"}  # fmt: skip
+
+
+def run_classifier(args: argparse.Namespace) -> int:
+    """Classify the labelled examples of --src and score the labels (see the module docstring)."""
+    from transduce.classify import Classifier
+    from transduce.classify.inputs import input_format, read_labelled
+    from transduce.classify.metrics import classification_scores
+    from transduce.commands.classify import classifier_config, input_fields
+    from transduce.commands.translate import _DECODE_OPTIONS, check_input
+
+    model = args.model[0]
+    if len(args.model) > 1:
+        raise TransduceError(f"{model} is a classifier: evaluate one classifier at a time, not {len(args.model)}")
+    translation = {**TRANSLATION_OPTIONS, **{f"--{o.replace('_', '-')}": o for o in _DECODE_OPTIONS}}
+    unused = [option for option, dest in translation.items() if getattr(args, dest, None) not in (None, False)]
+    unused += [option for option, on in (("--force", args.force), ("--int8", args.int8)) if on]
+    unused += ["--precision"] if args.precision != "fp32" else []
+    if unused:
+        raise TransduceError(f"{unused[0]} applies to translation; {model} is a classifier, scored on the labels of "
+                             "--src")  # fmt: skip
+    if args.src is None:
+        raise TransduceError(f"{model} is a classifier: give --src FILE.tsv (label<TAB>text) or FILE.jsonl, the "
+                             "labelled examples to score it on")  # fmt: skip
+    check_file_output(args.output, "-o/--output")
+    check_input(args.src, what="score", hint="")
+    config = classifier_config(model)
+    form = input_format(args.src, args.format)
+    examples = list(read_labelled(args.src, form, input_fields(args, config, args.src, form), config.model.labels))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    classifier = Classifier.load(model, args.device)
+    texts2 = [t2 for *_, t2 in examples] if classifier.pairs else None
+    predicted = classifier.predict([text for _, _, text, _ in examples], texts2)
+    if args.output:
+        write_text(args.output, "".join(label + "\n" for label in predicted))
+    scores = classification_scores([label for _, label, _, _ in examples], predicted, classifier.labels)
+    print(json.dumps(scores.to_dict(), indent=2, ensure_ascii=False) if args.json else scores.table())
     return 0

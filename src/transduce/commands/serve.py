@@ -6,6 +6,8 @@ Examples:
   curl -s 127.0.0.1:8000/translate -H 'Content-Type: application/json' -d '{"sentences": ["A dog runs."]}'
 
 Endpoints: POST /translate, POST /attention, GET /health, GET / (the page), GET /docs (the OpenAPI documentation).
+A classifier (data.task: classify) answers POST /classify ({"texts": [...]} -> {"labels": [...], "probabilities":
+[...]}) and GET /health instead (docs/transfer.md); the decoding options do not apply to it.
 Requests arriving within --batch-wait-ms of each other (or while a batch is being translated) are translated
 together. A request with more than --max-sentences sentences, a sentence of more than --max-chars characters or a
 body of more than --max-body-bytes bytes is answered 413, and so is an /attention request of more than
@@ -70,25 +72,22 @@ def run(args: argparse.Namespace) -> int:
             f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install 'transduce[serve]'"
         ) from e
 
+    from transduce.classify import is_classifier
+
     check_address(args.host, args.port)  # before the model is loaded: a busy port should not cost the loading
-    translator = load_translator(args)
-    translator.decode = decode_config(args, translator.decode)
+    limits = {"max_sentences": args.max_sentences, "max_chars": args.max_chars, "max_body_bytes": args.max_body_bytes,
+              "batch_wait_ms": args.batch_wait_ms, "max_batch_sentences": args.max_batch_sentences}  # fmt: skip
+    if is_classifier(args.model[0]):
+        models = {"classifier": load_classifier(args)}
+    else:
+        translator = load_translator(args)
+        translator.decode = decode_config(args, translator.decode)
+        models = {"translator": translator}
+        limits.update(max_beam=args.max_beam, max_attention_tokens=args.max_attention_tokens,
+                      max_attention_values=args.max_attention_values)  # fmt: skip
     try:
-        serve.serve(
-            " + ".join(args.model),
-            args.host,
-            args.port,
-            translator=translator,
-            access_log=not args.no_access_log,
-            max_sentences=args.max_sentences,
-            max_chars=args.max_chars,
-            max_body_bytes=args.max_body_bytes,
-            max_beam=args.max_beam,
-            max_attention_tokens=args.max_attention_tokens,
-            max_attention_values=args.max_attention_values,
-            batch_wait_ms=args.batch_wait_ms,
-            max_batch_sentences=args.max_batch_sentences,
-        )
+        serve.serve(" + ".join(args.model), args.host, args.port, access_log=not args.no_access_log, **models,
+                    **limits)  # fmt: skip
     except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then re-raises it
         log.info("stopped")
     except ValueError as e:
@@ -99,6 +98,26 @@ def run(args: argparse.Namespace) -> int:
         shown = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
         raise TransduceError(f"cannot listen on {shown}: the server did not start (the log above says why)") from None
     return 0
+
+
+def load_classifier(args: argparse.Namespace):
+    """The classifier of --model, refusing the options that only a translation model reads."""
+    import torch
+
+    from transduce.classify import Classifier
+    from transduce.commands.translate import _DECODE_OPTIONS
+
+    model = args.model[0]
+    if len(args.model) > 1:
+        raise TransduceError(f"{model} is a classifier: serve one classifier, not an ensemble of {len(args.model)}")
+    given = [f"--{o.replace('_', '-')}" for o in _DECODE_OPTIONS if getattr(args, o, None) is not None]
+    given += [option for option, on in (("--int8", args.int8), ("--max-input-tokens", args.max_input_tokens)) if on]
+    given += ["--precision"] if args.precision != "fp32" else []
+    if given:
+        raise TransduceError(f"{given[0]} applies to translation; {model} is a classifier")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return Classifier.load(model, args.device)
 
 
 def check_address(host: str, port: int) -> None:
