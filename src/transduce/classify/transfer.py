@@ -7,8 +7,8 @@
   learned (:func:`transduce.finetune.vocabulary` writes it into the run, :mod:`transduce.classify.data` encodes with
   it);
 - the **shape** (:func:`model_config`): the pretrained model's dimensions and ids; a model section that contradicts
-  them is an error naming the field. Dropout rates and the classifier's own fields (pooling, transfer, cove_layers)
-  are the run's;
+  them is an error naming the field. Dropout rates and the classifier's own fields (pooling, transfer, cove_task,
+  cove_layers) are the run's;
 - the **weights** (:func:`initialise`): the source embeddings, the positions (learned ones) and the encoder's layers
   and final norm; the decoder, the target embeddings and the output projection are dropped. The log says how many
   parameters were kept and dropped.
@@ -33,7 +33,7 @@ from transduce.tokenizer import Vocabulary
 log = logging.getLogger(__name__)
 
 #: model fields a classifier sets whatever the pretrained model (besides the dropout rates)
-CLASSIFIER_FIELDS = ("pooling", "transfer", "cove_layers", "labels")
+CLASSIFIER_FIELDS = ("pooling", "transfer", "cove_task", "cove_layers", "labels")
 
 
 def model_config(config: Config, vocab: Vocabulary, labels: list[str], *, resume: bool) -> ModelConfig:
