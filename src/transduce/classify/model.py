@@ -47,9 +47,7 @@ from transduce.model.layers import (
     padding_mask,
 )
 from transduce.model.packed import forget_packed
-
-#: the names of a translation model's tensors that a classifier takes over (its source embeddings and encoder)
-ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_layers.", "encoder_norm.")
+from transduce.model.transformer import ENCODER_PREFIXES  # the tensors a classifier takes from a translation model
 
 
 class Classifier(nn.Module):
