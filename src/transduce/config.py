@@ -465,8 +465,8 @@ class TrainConfig(_Section):
     freeze_embeddings: bool = False  # keep the embeddings (and a tied output projection) fixed
     freeze_encoder: bool = False  # keep the encoder (its embeddings and layers) fixed
     train_last_layers: int = 0  # > 0: train only the last k layers of each stack (+ final norms, untied output)
-    # classify with init_from: the pretrained embeddings and encoder learn at this multiple of the schedule's rate (the
-    # head and a CoVe task model at the rate itself)
+    # classify or parse with init_from: the pretrained embeddings and encoder learn at this multiple of the schedule's
+    # rate (a classifier's head and CoVe task model, a parser's decoder at the rate itself)
     pretrained_lr_scale: float = 0.1
     freeze_layers: int = 0  # classify: keep the embeddings and the lowest N encoder layers fixed
 
@@ -589,19 +589,27 @@ class Config(_Section):
         """The checks that span sections: what a classifier (``data.task: classify``) takes and what only it takes."""
         t, m = self.train, self.model
         classify = self.data.task == "classify"
+        finetuned = (classify and m.transfer == "finetune") or self.data.task == "parse"
+        pretrained_encoder = bool(t.init_from) and finetuned  # (a classifier's or a parser's)
         # a setting that does nothing in this run is a mistake (as optim.ignored_settings says of the schedule's)
         for key, applies, what in (
             ("model.pooling", classify, "data.task: classify"),
             ("model.transfer", classify, "data.task: classify"),
             ("model.cove_layers", classify and m.transfer == "cove", "model.transfer: cove"),
             ("model.cove_task", classify and m.transfer == "cove", "model.transfer: cove"),
-            ("train.pretrained_lr_scale", classify and bool(t.init_from) and m.transfer == "finetune",
-             "a classifier fine-tuned from train.init_from"),
+            ("train.pretrained_lr_scale", pretrained_encoder,
+             "a classifier fine-tuned from, or a parser started from, train.init_from"),
         ):  # fmt: skip
             section, name = key.split(".")
             default = getattr(ModelConfig() if section == "model" else TrainConfig(), name)
             if not applies and getattr(getattr(self, section), name) != default:
                 raise ConfigError(f"{key}: has no effect in this run (it is for {what}); leave it out")
+        if self.data.task == "parse" and t.init_from:
+            for name in ("init_optimizer", "extend_vocab"):
+                if getattr(t, name):
+                    raise ConfigError(f"train.{name}: not available for a parser started from train.init_from (it "
+                                      "takes the pretrained encoder and source vocabulary; its decoder and tree "
+                                      "tokens are new)")  # fmt: skip
         if self.data.task != "classify":
             if t.best_metric == "accuracy":
                 raise ConfigError(
