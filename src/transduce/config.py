@@ -203,17 +203,32 @@ class ModelConfig(_Section):
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
     # the fields below shape a classifier (data.task: classify; transduce.classify); a translation model has none
-    pooling: str = "cls"  # classify: the sentence vector is a prepended <cls> position's state (cls) or the mean (mean)
+    # classify: the sentence vector is a prepended <cls> position's state (cls), or the mean (mean) or the
+    # element-wise maximum (max) of the states of the real positions
+    pooling: str = "cls"
     # classify with train.init_from: finetune trains the pretrained encoder with the head; cove keeps it fixed and
     # trains a small task model over [word embedding; encoder state] (McCann et al., 2017)
     transfer: str = "finetune"
-    cove_layers: int = 1  # classify, transfer cove: transformer encoder layers of the task model (0: projection only)
+    # classify, transfer cove: the task model is transformer encoder layers (transformer) or a bidirectional LSTM of
+    # d_model / 2 units per direction (bilstm, McCann et al.'s; pooled by mean or max)
+    cove_task: str = "transformer"
+    cove_layers: int = 1  # classify, transfer cove: the task model's layers (transformer: 0 is the projection only)
     labels: list[str] = field(default_factory=list)  # classify: the class names, set from the training data
 
     def __post_init__(self) -> None:
-        _check_choice("pooling", self.pooling, ("cls", "mean"))
+        _check_choice("pooling", self.pooling, ("cls", "mean", "max"))
         _check_choice("transfer", self.transfer, ("finetune", "cove"))
+        _check_choice("cove_task", self.cove_task, ("transformer", "bilstm"))
         _check_positive("cove_layers", self.cove_layers, allow_zero=True)
+        if self.transfer == "cove" and self.cove_task == "bilstm":
+            if self.pooling == "cls":
+                raise ConfigError("pooling: a bilstm task model pools with mean or max, not cls (at a prepended "
+                                  "<cls> position its forward direction has read nothing but <cls>)")  # fmt: skip
+            if self.cove_layers < 1:
+                raise ConfigError("cove_layers: a bilstm task model needs at least one layer")
+            if self.d_model % 2:
+                raise ConfigError(f"d_model: a bilstm task model has d_model / 2 units per direction, so d_model "
+                                  f"must be even, got {self.d_model}")  # fmt: skip
         if len(set(self.labels)) != len(self.labels) or "" in self.labels:
             raise ConfigError(f"labels: must be distinct, non-empty names, got {self.labels!r}")
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "d_ff", "heads", "max_positions"):
@@ -450,8 +465,8 @@ class TrainConfig(_Section):
     freeze_embeddings: bool = False  # keep the embeddings (and a tied output projection) fixed
     freeze_encoder: bool = False  # keep the encoder (its embeddings and layers) fixed
     train_last_layers: int = 0  # > 0: train only the last k layers of each stack (+ final norms, untied output)
-    # classify with init_from: the pretrained embeddings and encoder learn at this multiple of the schedule's rate (the
-    # head and a CoVe task model at the rate itself)
+    # classify or parse with init_from: the pretrained embeddings and encoder learn at this multiple of the schedule's
+    # rate (a classifier's head and CoVe task model, a parser's decoder at the rate itself)
     pretrained_lr_scale: float = 0.1
     freeze_layers: int = 0  # classify: keep the embeddings and the lowest N encoder layers fixed
 
@@ -574,18 +589,27 @@ class Config(_Section):
         """The checks that span sections: what a classifier (``data.task: classify``) takes and what only it takes."""
         t, m = self.train, self.model
         classify = self.data.task == "classify"
+        finetuned = (classify and m.transfer == "finetune") or self.data.task == "parse"
+        pretrained_encoder = bool(t.init_from) and finetuned  # (a classifier's or a parser's)
         # a setting that does nothing in this run is a mistake (as optim.ignored_settings says of the schedule's)
         for key, applies, what in (
             ("model.pooling", classify, "data.task: classify"),
             ("model.transfer", classify, "data.task: classify"),
             ("model.cove_layers", classify and m.transfer == "cove", "model.transfer: cove"),
-            ("train.pretrained_lr_scale", classify and bool(t.init_from) and m.transfer == "finetune",
-             "a classifier fine-tuned from train.init_from"),
+            ("model.cove_task", classify and m.transfer == "cove", "model.transfer: cove"),
+            ("train.pretrained_lr_scale", pretrained_encoder,
+             "a classifier fine-tuned from, or a parser started from, train.init_from"),
         ):  # fmt: skip
             section, name = key.split(".")
             default = getattr(ModelConfig() if section == "model" else TrainConfig(), name)
             if not applies and getattr(getattr(self, section), name) != default:
                 raise ConfigError(f"{key}: has no effect in this run (it is for {what}); leave it out")
+        if self.data.task == "parse" and t.init_from:
+            for name in ("init_optimizer", "extend_vocab"):
+                if getattr(t, name):
+                    raise ConfigError(f"train.{name}: not available for a parser started from train.init_from (it "
+                                      "takes the pretrained encoder and source vocabulary; its decoder and tree "
+                                      "tokens are new)")  # fmt: skip
         if self.data.task != "classify":
             if t.best_metric == "accuracy":
                 raise ConfigError(

@@ -27,6 +27,7 @@ import torch
 
 from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig
+from transduce.data import read_manifest
 from transduce.errors import TransduceError
 from transduce.model import Transformer
 from transduce.textio import read_parallel, resolve_corpus_file
@@ -225,8 +226,10 @@ def load_optimizer(trainer, config: Config) -> None:
 
 
 def check_prepared(prepared: Path, vocab_dir: Path) -> None:
-    """A given prepared directory (``data.prepared`` without raw data) must hold the pretrained vocabulary."""
-    if ckpt.vocab_sha256(prepared) != ckpt.vocab_sha256(vocab_dir):
+    """A given prepared directory (``data.prepared`` without raw data) must hold the pretrained vocabulary, or (a
+    parser's, whose tree tokens are its own) have been prepared with it, as its manifest records."""
+    wanted = ckpt.vocab_sha256(vocab_dir)
+    if wanted not in (ckpt.vocab_sha256(prepared), read_manifest(prepared)["options"].get("vocabulary")):
         raise FinetuneError(
             f"{prepared}: prepared with another vocabulary than the pretrained model's; set data.train to prepare "
             "the corpus with it"

@@ -65,9 +65,10 @@ def build_optimizer(
     call: the per-tensor loop that PyTorch otherwise uses on the CPU took 13.6 ms per update for the ``tiny``
     model's 133 tensors on one core here, the fused one 3.3 ms.
 
-    ``lr_scales`` (``{id(parameter): multiplier}``: a classifier's pretrained encoder at ``train.pretrained_lr_scale``)
-    puts those parameters into groups of their own, after the others, whose ``lr_scale`` multiplies the schedule's
-    rate (:func:`set_learning_rate`); without it the groups are as they always were.
+    ``lr_scales`` (``{id(parameter): multiplier}``: a classifier's or a parser's pretrained encoder at
+    ``train.pretrained_lr_scale``) puts those parameters into groups of their own, after the others, whose
+    ``lr_scale`` multiplies the schedule's rate (:func:`set_learning_rate`); without it the groups are as they always
+    were.
     """
     params = [p for p in model.parameters() if p.requires_grad]  # parameters() yields a tied tensor once
     betas = (cfg.adam_beta1, cfg.adam_beta2)

@@ -51,6 +51,7 @@ from transduce.distributed import (
 )
 from transduce.errors import TransduceError
 from transduce.model import Transformer
+from transduce.parsing import transfer as parse_transfer
 from transduce.runlog import RunLog, Throughput, truncate_metrics
 from transduce.tokenizer import Vocabulary
 from transduce.trainer import StepResult, Trainer, rng_state, select_device, set_rng_state
@@ -114,7 +115,8 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
         if not resume and ckpt.list_checkpoints(run_dir):
             raise TrainingError(f"{run_dir} already holds checkpoints: resume with --resume {run_dir} or set a new "
                                 "train.run_dir")  # fmt: skip
-        # fine-tuning: the data is encoded with the pretrained model's vocabulary (extended if asked)
+        # fine-tuning: the data is encoded with the pretrained model's vocabulary (extended if asked; a parser's
+        # source side alone)
         pretrained = finetune.vocabulary(config, run_dir, resume=resume) if config.train.init_from else None
         if config.data.train:
             prepare(config.data, prepared, vocabulary=pretrained)  # reuses a directory prepared from the same inputs
@@ -128,6 +130,8 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
     tokenizer = load_vocabulary(prepared)
     if config.data.task == "classify":
         model = _classifier_model(config, prepared, tokenizer, resume=resume)
+    elif config.data.task == "parse" and config.train.init_from:
+        model = parse_transfer.model_config(config, tokenizer, resume=resume)
     elif config.train.init_from:
         model = finetune.model_config(config, tokenizer, resume=resume)
     else:
@@ -230,7 +234,9 @@ class _Run:
             transfer.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
         else:
             self.model = Transformer(self.config.model)
-            if self.cfg.init_from and not resume:
+            if self.cfg.init_from and not resume and self.config.data.task == "parse":
+                parse_transfer.initialise(self.model, self.config)  # the encoder alone: the decoder writes trees
+            elif self.cfg.init_from and not resume:
                 finetune.initialise(self.model, self.config, self.tokenizer)
             finetune.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
         self.trainer = Trainer(self.config, self.model, device, dist)

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from transduce.classify.training import loss_sums as classification_sums
-from transduce.classify.transfer import lr_scales
 from transduce.config import Config
 from transduce.data.batch import Batch
 from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.distributed import Dist, all_reduce_tensor
+from transduce.encoder_transfer import lr_scales
 from transduce.loss import smoothed_nll_sums
 from transduce.optim import build_optimizer, learning_rate, set_learning_rate
 
@@ -109,7 +109,7 @@ class Trainer:
         self.dist = dist or Dist()
         self.device = device
         self.model = model.to(device)
-        self.optimizer = build_optimizer(self.model, self.cfg, lr_scales(self.model, config))  # (a classifier's)
+        self.optimizer = build_optimizer(self.model, self.cfg, lr_scales(self.model, config))  # (init_from)
         self.classify = config.data.task == "classify"  # one label per example instead of a target sentence
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.step = 0  # updates applied

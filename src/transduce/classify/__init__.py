@@ -2,8 +2,8 @@
 scratch or started from a translation model's encoder (docs/transfer.md).
 
 - :mod:`transduce.classify.data`: labelled TSV / JSON Lines corpora, their preparation, batches;
-- :mod:`transduce.classify.model`: :class:`ClassifierModel` (encoder, ``<cls>`` or mean pooling, head; CoVe's task
-  model);
+- :mod:`transduce.classify.model`: :class:`ClassifierModel` (encoder, ``<cls>``/mean/max pooling, head; CoVe's
+  task model);
 - :mod:`transduce.classify.transfer`: what a classifier takes from a translation model, freezing, learning rates;
 - :mod:`transduce.classify.training`: the loss and the validation (accuracy) the training loop calls;
 - :mod:`transduce.classify.classifier`: :class:`Classifier`, a trained classifier that labels text;

@@ -10,13 +10,18 @@ and encoder load into it by name and :meth:`ClassifierModel.encode` computes exa
 - ``cove`` (McCann et al., 2017, "Learned in Translation: Contextualized Word Vectors"): the pretrained embeddings
   and encoder are fixed (no gradients, always in eval mode); each position's ``[E(w); Enc(w)]``, its word embedding
   (scaled as the encoder receives it) and the encoder's state concatenated, is projected to ``d_model`` and read by a
-  small task model, ``model.cove_layers`` transformer encoder layers of the pretrained model's shape (no positions
-  of their own: the encoder's states carry the order), which is pooled and classified.
+  small task model, which is pooled and classified. The task model (``model.cove_task``) is ``model.cove_layers``
+  transformer encoder layers of the pretrained model's shape (no positions of their own: the encoder's states carry
+  the order), or, as McCann et al. have it, a bidirectional LSTM of ``model.cove_layers`` layers with
+  ``d_model / 2`` units per direction (its output is ``d_model`` wide), run over packed sequences so that padding
+  changes nothing.
 
 Pooling (``model.pooling``): ``cls`` prepends a learned ``<cls>`` vector to the sequence (to the encoder's input when
 fine-tuning, to the task model's under CoVe) and takes its final state, as BERT does (a vector rather than a
 vocabulary id, so that a pretrained vocabulary needs no new entry; it has no position of its own, so the words keep
-the positions the encoder was trained with); ``mean`` averages the states of the real (non-padding) positions.
+the positions the encoder was trained with); ``mean`` averages the states of the real (non-padding) positions and
+``max`` takes their element-wise maximum (two of the poolings of McCann et al.'s classifier). A BiLSTM task model
+pools with ``mean`` or ``max``.
 The head (:class:`transduce.model.layers.ClassificationHead`) is dropout and one linear layer.
 
     model = ClassifierModel(ModelConfig.preset("test", src_vocab_size=8000, tgt_vocab_size=8000, labels=["neg", "pos"]))
@@ -29,6 +34,7 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from transduce.config import ModelConfig
 from transduce.model.cache import Memory
@@ -41,9 +47,7 @@ from transduce.model.layers import (
     padding_mask,
 )
 from transduce.model.packed import forget_packed
-
-#: the names of a translation model's tensors that a classifier takes over (its source embeddings and encoder)
-ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_layers.", "encoder_norm.")
+from transduce.model.transformer import ENCODER_PREFIXES  # the tensors a classifier takes from a translation model
 
 
 class ClassifierModel(nn.Module):
@@ -74,11 +78,16 @@ class ClassifierModel(nn.Module):
             self.src_embed.weight[cfg.pad_id].zero_()
         # what classification adds
         self.cove = cfg.transfer == "cove"
+        self.cove_lstm: nn.LSTM | None = None
         if self.cove:
             self.cove_project = nn.Linear(2 * d, d)  # [E(w); Enc(w)] -> the task model's width
             self.cove_dropout = Dropout(cfg.dropout)
-            self.cove_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.cove_layers))
-            self.cove_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
+            if cfg.cove_task == "bilstm":  # d/2 units each way: the output is d wide; dropout between the layers
+                self.cove_lstm = nn.LSTM(d, d // 2, num_layers=cfg.cove_layers, bidirectional=True, batch_first=True,
+                                         dropout=cfg.dropout if cfg.cove_layers > 1 else 0.0)  # fmt: skip
+            else:
+                self.cove_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.cove_layers))
+                self.cove_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
             nn.init.xavier_uniform_(self.cove_project.weight)
             nn.init.zeros_(self.cove_project.bias)
         # the <cls> vector, drawn like an embedding row (and scaled like one)
@@ -145,19 +154,37 @@ class ClassifierModel(nn.Module):
                 words = self.src_embed(src) * self.embed_scale  # (B, S, d) E(w)
                 states = self.encode(src, src_padded=src_padded).states  # (B, S, d) Enc(w)
             x = self.cove_project(torch.cat([words, states], dim=-1))  # (B, S, d)
-            if cls:
-                x, mask = self._with_cls(x, mask)
-            x = self._layers(self.cove_dropout(x), mask, self.cove_layers, self.cove_norm)
+            if self.cove_lstm is not None:
+                x = self._bilstm(self.cove_dropout(x), src)
+            else:
+                if cls:
+                    x, mask = self._with_cls(x, mask)
+                x = self._layers(self.cove_dropout(x), mask, self.cove_layers, self.cove_norm)
         else:
             x = self._embed(src)
             if cls:
                 x, mask = self._with_cls(x, mask)
             x = self._layers(self.dropout(x), mask, self.encoder_layers, self.encoder_norm)
-        return self.head(x[:, 0] if cls else self._mean(x, src))
+        return self.head(x[:, 0] if cls else self._pool(x, src))
 
-    def _mean(self, states: Tensor, src: Tensor) -> Tensor:
-        """The mean of each row's states over its real positions: (B, S, d) -> (B, d)."""
-        real = src.ne(self.config.pad_id).unsqueeze(-1).to(states.dtype)  # (B, S, 1)
+    def _bilstm(self, x: Tensor, src: Tensor) -> Tensor:
+        """CoVe's BiLSTM task model over the real positions of each row: (B, S, d) -> (B, S, d), zeros at padding.
+
+        The rows are packed to their lengths, so each direction starts and ends at the row's own ends.
+        """
+        assert self.cove_lstm is not None
+        lengths = src.ne(self.config.pad_id).sum(dim=1).cpu()  # (B,) >= 1: every row ends with eos
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.cove_lstm(packed)
+        return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]  # (B, S, d)
+
+    def _pool(self, states: Tensor, src: Tensor) -> Tensor:
+        """The mean or the element-wise maximum (``model.pooling``) of each row's states over its real positions:
+        (B, S, d) -> (B, d)."""
+        real = src.ne(self.config.pad_id).unsqueeze(-1)  # (B, S, 1)
+        if self.config.pooling == "max":
+            return states.masked_fill(~real, torch.finfo(states.dtype).min).amax(dim=1)
+        real = real.to(states.dtype)
         return (states * real).sum(dim=1) / real.sum(dim=1).clamp(min=1.0)
 
     def train(self, mode: bool = True) -> ClassifierModel:

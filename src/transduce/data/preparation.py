@@ -27,6 +27,7 @@ interrupted run leaves no partial output. The prepared directory holds:
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import multiprocessing
 import os
@@ -103,6 +104,7 @@ def prepare(
         vocabulary: a vocabulary directory (a pretrained model's, see :func:`transduce.vocab.load_vocabulary`) to
             encode with instead of training one: its ids are kept, the source side is encoded with its source
             model and the target side with its target model. The vocabulary options of ``cfg`` are then unused.
+            With ``data.task: parse`` only its source model is taken (the target is always the trees' tokens).
 
     Returns:
         The manifest (also written to ``out_dir/manifest.json``).
@@ -114,7 +116,8 @@ def prepare(
     if cfg.task == "parse":
         from transduce.parsing.prepare import prepare_treebank
 
-        return prepare_treebank(cfg, out_dir, force=force, prepare_text=_prepare_text)
+        return prepare_treebank(cfg, out_dir, force=force,
+                                prepare_text=functools.partial(_prepare_text, vocabulary=vocabulary))  # fmt: skip
     if cfg.task == "classify":
         from transduce.classify.data import prepare_classification
 
@@ -165,14 +168,14 @@ def _prepare_into(
     for split, corpus in corpora.items():  # every input is checked before any real work
         inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(corpus, cfg.skip_invalid_utf8)
     workers = cfg.workers or os.cpu_count() or 1
-    if vocabulary is not None:
+    if vocabulary is not None and cfg.task != "parse":
         from transduce.checkpoint import copy_vocab
 
         copy_vocab(vocabulary, tmp)  # the very files: the run's vocabulary identity is the pretrained one's
         tok = load_vocabulary(tmp)
         log.info("encoding with the vocabulary of %s (%s)", vocabulary, tok)
-    else:
-        tok = _train_vocabulary(tmp, cfg, corpora["train"], inputs["train"]["src"]["lines"], workers)
+    else:  # (a parser's tree tokens always come from its treebank; a pretrained vocabulary gives its source side)
+        tok = _train_vocabulary(tmp, cfg, corpora["train"], inputs["train"]["src"]["lines"], workers, vocabulary)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
     enc_opts = EncodeOptions(
         str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup, cfg.case_augment
@@ -232,8 +235,10 @@ def _check(corpus: Corpus, skip_invalid: bool) -> int:
     return counts[0]
 
 
-def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, workers: int) -> Tokenizer:
-    """Train the tokenizer on a uniform sample of at most ``input_sentence_size`` training sentences.
+def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, workers: int,
+                      source: str | Path | None = None) -> Tokenizer:  # fmt: skip
+    """Train the tokenizer on a uniform sample of at most ``input_sentence_size`` training sentences (parsing with a
+    ``source`` vocabulary directory: the target vocabulary alone, the source model being ``source``'s).
 
     The sampled line numbers are drawn first (the line count is known), then one lockstep pass picks them out:
     memory is bounded by the sample, and only the sampled lines are decoded.
@@ -262,12 +267,13 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
     if not sample:
         where = f"{lines} lines" if lines <= k else f"none in a sample of {k} of {lines} lines"
         raise DataError(f"{corpus}: no sentence pairs with text on both sides ({where})")
-    log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
+    if source is None:
+        log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
     rng.shuffle(sample)
     if cfg.task == "parse":
         from transduce.parsing.prepare import train_vocabulary
 
-        return train_vocabulary(tmp, sample, cfg, threads=workers)
+        return train_vocabulary(tmp, sample, cfg, threads=workers, source=source)
     options = dict(
         vocab_size=cfg.vocab_size,
         vocab_type=cfg.vocab_type,

@@ -4,8 +4,9 @@ With ``data.task: parse`` the corpus prefixes of the data section name treebanks
 :func:`transduce.parsing.trees.read_treebank`: a ``.mrg`` file, a directory, an archive, with an optional
 ``:FIRST-LAST`` range of file names). :func:`treebank_text` writes each split as a pair of text files, the words
 (``PREFIX.<src_lang>``) and the linearised tree (``PREFIX.<tgt_lang>``), and ``transduce prepare`` goes on as for
-translation. The vocabularies differ: the source is SentencePiece subwords of ``data.vocab_size`` pieces; the
-target is a closed set of whole tokens (``(NP``, ``)NP``, ``XX``), one id each, made by :func:`train_vocabulary`.
+translation. The vocabularies differ: the source is SentencePiece subwords of ``data.vocab_size`` pieces (or, for a
+parser started from a pretrained model, that model's source SentencePiece model: :mod:`transduce.parsing.transfer`);
+the target is a closed set of whole tokens (``(NP``, ``)NP``, ``XX``), one id each, made by :func:`train_vocabulary`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from transduce.errors import DataError
 from transduce.parsing.linearize import linearise
 from transduce.parsing.trees import Tree, read_treebank, split_spec
 from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
+from transduce.spm_proto import model_type
 from transduce.tokenizer import SRC_MODEL, TGT_MODEL, TOKENIZER_FILE, Tokenizer, _train_one
+from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +133,9 @@ def treebank_text(cfg: DataConfig, directory: str | Path) -> DataConfig:
 
 
 def train_vocabulary(
-    directory: str | Path, pairs: Iterable[tuple[str, str]], cfg: DataConfig, *, threads: int = 1
-) -> Tokenizer:
+    directory: str | Path, pairs: Iterable[tuple[str, str]], cfg: DataConfig, *, threads: int = 1,
+    source: str | Path | None = None,
+) -> Tokenizer:  # fmt: skip
     """Source subwords and whole-token target vocabulary for parsing, written with ``tokenizer.json``.
 
     Args:
@@ -140,16 +144,27 @@ def train_vocabulary(
             must see every token, so pass them all: a treebank is small).
         cfg: the data section (``vocab_size``, ``vocab_type``, ``lowercase``, ``character_coverage``).
         threads: SentencePiece training threads.
+        source: a vocabulary directory (a pretrained model's) whose source SentencePiece model becomes the source
+            model, as it is (same pieces, same ids), instead of one trained here; ``cfg``'s source options are then
+            unused.
 
     Returns:
         The tokenizer (separate source and target models).
+
+    Raises:
+        DataError: ``source`` is not a cased transduce SentencePiece vocabulary.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     pairs = list(pairs)
-    lower = (lambda s: s.lower()) if cfg.lowercase else (lambda s: s)
-    _train_one(directory / SRC_MODEL, (lower(s) for s, _ in pairs), "source", vocab_size=cfg.vocab_size,
-               vocab_type=cfg.vocab_type, coverage=cfg.character_coverage, threads=threads)  # fmt: skip
+    lowercase = cfg.lowercase and source is None  # (a pretrained source model is a cased one: _copy_source_model)
+    lower = (lambda s: s.lower()) if lowercase else (lambda s: s)
+    if source is None:
+        vocab_type = cfg.vocab_type
+        _train_one(directory / SRC_MODEL, (lower(s) for s, _ in pairs), "source", vocab_size=cfg.vocab_size,
+                   vocab_type=vocab_type, coverage=cfg.character_coverage, threads=threads)  # fmt: skip
+    else:
+        vocab_type = _copy_source_model(source, directory / SRC_MODEL)
     # the target: one piece per distinct token; no byte pieces (a token never seen in training is <unk>)
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter([lower(t) for _, t in pairs]),
@@ -166,8 +181,8 @@ def train_vocabulary(
     )  # fmt: skip
     meta = {
         "joint": False,
-        "lowercase": cfg.lowercase,
-        "vocab_type": cfg.vocab_type,
+        "lowercase": lowercase,
+        "vocab_type": vocab_type,
         "tgt_vocab_type": "word",
         "files": {"src": SRC_MODEL, "tgt": TGT_MODEL},
         "special_ids": dict(SPECIAL_IDS),
@@ -177,8 +192,28 @@ def train_vocabulary(
     tok = Tokenizer.load_files(directory, meta)
     meta.update(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
     (directory / TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    log.info("parsing vocabularies: %d source subwords, %d target tokens", tok.src_vocab_size, tok.tgt_vocab_size)
+    log.info("parsing vocabularies: %d source subwords%s, %d target tokens", tok.src_vocab_size,
+             f" (the source model of {source})" if source is not None else "", tok.tgt_vocab_size)  # fmt: skip
     return tok
+
+
+def _copy_source_model(vocab_dir: str | Path, path: Path) -> str:
+    """Write the source SentencePiece model of the vocabulary in ``vocab_dir`` to ``path``; returns its model type.
+
+    Raises:
+        DataError: the vocabulary is not a transduce SentencePiece one (an imported Marian vocabulary maps its
+            pieces to other ids), or it lowercases (a vocabulary lowercases both sides: the trees' labels too).
+    """
+    vocab = load_vocabulary(vocab_dir)
+    if not isinstance(vocab, Tokenizer):
+        raise DataError(f"{vocab_dir}: a parser takes the source SentencePiece model of a transduce vocabulary, and "
+                        f"this is a {type(vocab).__name__}; start the parser from a transduce run")  # fmt: skip
+    if vocab.lowercase:
+        raise DataError(f"{vocab_dir}: the vocabulary lowercases its text, and a parser's would lowercase the trees' "
+                        "labels too; start the parser from a cased run")  # fmt: skip
+    proto = vocab.model_protos()[0]
+    path.write_bytes(proto)
+    return model_type(proto)
 
 
 def prepare_treebank(
