@@ -53,7 +53,8 @@ def _field_docs(cls: type) -> str:
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
 FILES = Files(
-    inputs=("config", "resume", "init_from", "train", "valid", "test", "src_file", "tgt_file"), outputs=("output",)
+    inputs=("config", "resume", "init_from", "train", "valid", "test", "src_file", "tgt_file", "vocabulary"),
+    outputs=("output",),
 )
 
 
