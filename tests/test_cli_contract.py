@@ -375,6 +375,16 @@ ROWS = [
             "--vocab-size must be >= 1 (got 0)"),
     refused("prepare", "output-is-input", lambda f: ["--train", f.tsv, "-o", f.tsv],
             lambda f: f"error: -o/--output {f.tsv} is the same file as --train {f.tsv}: {SAME}"),
+    # prepare --task mlm: raw text, one text per line, and a vocabulary to take (--vocabulary)
+    refused("prepare", "mlm-missing-file", lambda f: prepare(f, "--task", "mlm", "--train", f.missing),
+            lambda f: f"error: {f.missing}: file not found (data.train)"),
+    refused("prepare", "mlm-empty-file", lambda f: prepare(f, "--task", "mlm", "--train", f.empty),
+            lambda f: f"error: {f.empty}: no texts (the file is empty)"),
+    refused("prepare", "mlm-binary", lambda f: prepare(f, "--task", "mlm", "--train", f.binary),
+            lambda f: not_utf8(f.binary)),
+    refused("prepare", "mlm-missing-vocabulary",
+            lambda f: prepare(f, "--task", "mlm", "--train", f.good, "--vocabulary", f.root / "missing"),
+            lambda f: f"error: {f.root / 'missing'}: not found (data.vocabulary)"),
     unknown_flag("prepare", lambda f: prepare(f, "--train", f.tsv)),
     # train: CONFIG.yaml, --train CORPUS, -o DIR
     refused("train", "missing-file", lambda f: train(f, f.missing), lambda f: f"error: {f.missing}: {NO_CONFIG}"),
@@ -397,6 +407,11 @@ ROWS = [
             lambda f: f"error: -o/--output {f.good}: {REPLACE_FILE}"),
     refused("train", "resume-missing", lambda f: ["--resume", f.missing],
             lambda f: f"error: {f.missing}: not a run directory (no config.yaml)"),
+    refused("train", "mlm-init-from",
+            lambda f: train(f, "--preset", "test", "--task", "mlm", "--train", f.good, "--init-from", f.model),
+            lambda f: f"error: command-line override 'train.init_from={f.model}': train.init_from: not available for "
+            "data.task: mlm (a masked language model is pretrained from scratch; data.vocabulary takes a run's "
+            "vocabulary)"),
     unknown_flag("train", lambda f: train(f, "--preset", "test", "--train", f.tsv)),
     # average: --model RUN_DIR --last N, or checkpoints -o DIR
     refused("average", "missing-file", lambda f: ["--model", f.missing, "--last", "2"],

@@ -21,7 +21,7 @@ from transduce.encoder_transfer import lr_scales, pretrained_parameters
 from transduce.errors import DataError
 from transduce.finetune import FinetuneError, _pretrained, check_prepared
 from transduce.model import Transformer
-from transduce.model.transformer import ENCODER_PREFIXES
+from transduce.model.encoder import ENCODER_PREFIXES
 from transduce.optim import build_optimizer, set_learning_rate
 from transduce.parsing import transfer
 from transduce.parsing.prepare import train_vocabulary

@@ -45,6 +45,8 @@ _EXPORTS: dict[str, str] = {
     "Transformer": "transduce.model",
     "Ensemble": "transduce.ensemble",
     "load_model": "transduce.checkpoint",
+    "MaskedLM": "transduce.mlm",
+    "load_masked_lm": "transduce.mlm",
     "save_model": "transduce.checkpoint",
     # the steps of the pipeline (training: transduce.train.train, as the name is the submodule's)
     "prepare": "transduce.data",
@@ -70,6 +72,7 @@ __all__ = [  # the names of _EXPORTS (a test checks)
     "DecodeConfig",
     "DecoderCache",
     "Ensemble",
+    "MaskedLM",
     "Memory",
     "ModelConfig",
     "Scores",
@@ -81,6 +84,7 @@ __all__ = [  # the names of _EXPORTS (a test checks)
     "Translator",
     "__version__",
     "load_classifier",
+    "load_masked_lm",
     "load_model",
     "prepare",
     "save_model",
@@ -108,6 +112,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
     from transduce.data import prepare
     from transduce.errors import CheckpointError, DataError, TransduceError
     from transduce.evaluate import Scores, score
+    from transduce.mlm import MaskedLM, load_masked_lm
     from transduce.model import AttentionWeights, DecoderCache, Memory, Transformer
     from transduce.tokenizer import Tokenizer
     from transduce.translate import Translation, Translator

@@ -465,8 +465,9 @@ def load_model(
         ``(model, config, vocab_dir)``: the model in eval mode, the config it was trained with, and the
         directory to pass to :func:`transduce.vocab.load_vocabulary`.
     Raises:
-        CheckpointError: a missing, truncated or corrupt file, a vocabulary that does not match, or a classifier
-            (:meth:`transduce.Classifier.load` loads those).
+        CheckpointError: a missing, truncated or corrupt file, a vocabulary that does not match, a classifier
+            (:meth:`transduce.Classifier.load` loads those) or a masked language model
+            (:func:`transduce.mlm.load_masked_lm`).
     """
     checkpoint = resolve(path)
     verify(checkpoint, checksums=checksums)
@@ -474,6 +475,10 @@ def load_model(
     if info.config.data.task == "classify":  # (translate, serve, export, average, attention and init_from load here)
         raise CheckpointError(f"{path} is a classifier (data.task: classify): use transduce classify (in Python: "
                               "transduce.Classifier.load); this command takes a translation model")  # fmt: skip
+    if info.config.data.task == "mlm":
+        raise CheckpointError(f"{path} is a masked language model (data.task: mlm), which has no decoder: use "
+                              "transduce.mlm.load_masked_lm, or train.init_from of a classifier; this command takes a "
+                              "translation model")  # fmt: skip
     vocab_dir = vocab_dir_of(checkpoint)
     check_vocab(info, vocab_dir)
     model = Transformer(info.config.model)

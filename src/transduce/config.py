@@ -329,7 +329,9 @@ class DataConfig(_Section):
     skip_invalid_utf8: bool = False  # skip (and count) pairs with bytes that are not UTF-8 instead of failing
     workers: int = 0  # encoding processes; 0: all cores
     # translate: the corpora are parallel text; parse: they are treebanks (.mrg file, directory or archive, with an
-    # optional :FIRST-LAST range of file names) turned into (words, linearised tree) pairs (transduce.parsing)
+    # optional :FIRST-LAST range of file names) turned into (words, linearised tree) pairs (transduce.parsing);
+    # classify: labelled texts (transduce.classify); mlm: raw text for masked-language-model pretraining of the
+    # encoder, a NAME.txt[.gz] file or a prefix's src_lang side (transduce.mlm)
     task: str = "translate"
     tree_leaves: str = "xx"  # parse: each word is XX in the linearised tree (xx) or itself (word)
     tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
@@ -347,6 +349,9 @@ class DataConfig(_Section):
     text_field: str = "text"  # classify, JSON Lines: the field of the text (a.b reaches into nested objects)
     text2_field: str = ""  # classify: the field of a second text (sentence pairs: text <sep> text2); "": none
     label_field: str = "label"  # classify, JSON Lines: the field of the label
+    # mlm: encode the texts with this vocabulary instead of learning one (vocab_size): a run directory, a checkpoint, a
+    # prepared or vocabulary directory (tokenizer.json), or a SentencePiece .model file; a run's is copied file for file
+    vocabulary: str = ""
 
     def __post_init__(self) -> None:
         for where, corpus in [("train", self.train), ("valid", self.valid)] + [
@@ -358,13 +363,13 @@ class DataConfig(_Section):
             value = getattr(self, name)
             if "" in value.split("."):
                 raise ConfigError(f"{name}: must name a field (a, or a.b for a nested one), got {value!r}")
-        _check_choice("task", self.task, ("translate", "parse", "classify"))
+        _check_choice("task", self.task, ("translate", "parse", "classify", "mlm"))
         for name in ("text_field", "label_field", *(("text2_field",) if self.text2_field else ())):
             if "" in getattr(self, name).split("."):
                 raise ConfigError(
                     f"{name}: must name a field (a, or a.b for a nested one), got {getattr(self, name)!r}"
                 )
-        if self.task == "classify":
+        if self.task in ("classify", "mlm"):
             refused = (
                 ("mix", ""),
                 ("bpe_dropout", 0.0),
@@ -374,7 +379,10 @@ class DataConfig(_Section):
             )
             for name, off in refused:
                 if getattr(self, name) != off:
-                    raise ConfigError(f"{name}: not available for data.task: classify; leave it out")
+                    raise ConfigError(f"{name}: not available for data.task: {self.task}; leave it out")
+        if self.vocabulary and self.task != "mlm":
+            raise ConfigError(f"vocabulary: for data.task: mlm (a {self.task} run learns its vocabulary, or takes "
+                              "train.init_from's); leave it out")  # fmt: skip
         _check_choice("tree_leaves", self.tree_leaves, ("xx", "word"))
         _check_choice("tree_closing", self.tree_closing, ("labelled", "bare"))
         _check_choice("tree_order", self.tree_order, ("top-down", "in-order"))
@@ -453,7 +461,7 @@ class TrainConfig(_Section):
     valid_beam: int = 1  # beam size for validation BLEU (1: greedy)
     valid_max_sentences: int = 0  # decode at most this many validation sentences; 0: all
     # bleu (higher is better) or loss (lower is better) picks the best checkpoint; accuracy for a classifier (data.task:
-    # classify, where bleu means accuracy)
+    # classify, where bleu means accuracy) or a masked language model (data.task: mlm, where bleu means loss)
     best_metric: str = "bleu"
     keep_last: int = 5  # keep this many most recent checkpoints (the paper averaged the last 5)
     save_every_minutes: float = 0.0  # also write a checkpoint every M minutes (the paper: 10); 0: off
@@ -586,7 +594,8 @@ class Config(_Section):
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        """The checks that span sections: what a classifier (``data.task: classify``) takes and what only it takes."""
+        """The checks that span sections: what a classifier (``data.task: classify``) and a masked language model
+        (``data.task: mlm``) take and what only they take."""
         t, m = self.train, self.model
         classify = self.data.task == "classify"
         finetuned = (classify and m.transfer == "finetune") or self.data.task == "parse"
@@ -604,6 +613,9 @@ class Config(_Section):
             default = getattr(ModelConfig() if section == "model" else TrainConfig(), name)
             if not applies and getattr(getattr(self, section), name) != default:
                 raise ConfigError(f"{key}: has no effect in this run (it is for {what}); leave it out")
+        if self.data.task == "mlm":
+            self._check_mlm()
+            return
         if self.data.task == "parse" and t.init_from:
             for name in ("init_optimizer", "extend_vocab"):
                 if getattr(t, name):
@@ -612,9 +624,8 @@ class Config(_Section):
                                       "tokens are new)")  # fmt: skip
         if self.data.task != "classify":
             if t.best_metric == "accuracy":
-                raise ConfigError(
-                    "train.best_metric: accuracy is a classifier's (data.task: classify); use bleu or loss"
-                )
+                raise ConfigError("train.best_metric: accuracy is a classifier's or a masked language model's "
+                                  "(data.task: classify or mlm); use bleu or loss")  # fmt: skip
             if t.freeze_layers:
                 raise ConfigError("train.freeze_layers: for data.task: classify (a translation run has "
                                   "train.train_last_layers)")  # fmt: skip
@@ -637,6 +648,21 @@ class Config(_Section):
         elif m.transfer == "cove" and (t.freeze_layers or t.freeze_encoder or t.freeze_embeddings):
             raise ConfigError("train.freeze_layers: model.transfer cove keeps the whole pretrained encoder fixed "
                               "already; leave freeze_layers, freeze_encoder and freeze_embeddings out")  # fmt: skip
+
+    def _check_mlm(self) -> None:
+        """A masked language model (``data.task: mlm``) is pretrained from scratch and has no classifier fields."""
+        t, m = self.train, self.model
+        if t.freeze_layers:
+            raise ConfigError("train.freeze_layers: for data.task: classify; leave it out")
+        for name in ("init_from", "init_optimizer", "extend_vocab", "freeze_embeddings", "freeze_encoder",
+                     "train_last_layers"):  # fmt: skip
+            if getattr(t, name):
+                raise ConfigError(f"train.{name}: not available for data.task: mlm (a masked language model is "
+                                  "pretrained from scratch; data.vocabulary takes a run's vocabulary)")  # fmt: skip
+        if m.labels:
+            raise ConfigError("model.labels: a classifier's; leave it out for data.task: mlm")
+        if t.best_metric == "bleu":  # the default: a masked language model has no BLEU; the lowest masked-LM loss
+            t.best_metric = "loss"
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "") -> Config:

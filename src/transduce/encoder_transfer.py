@@ -3,7 +3,7 @@
 
 ``init_from`` names a run or checkpoint, or a Hugging Face Marian directory (read by :func:`transduce.finetune.
 _pretrained`). The new model names its source embeddings and encoder as the translation
-:class:`~transduce.model.Transformer` does (:data:`~transduce.model.transformer.ENCODER_PREFIXES`), and takes:
+:class:`~transduce.model.Transformer` does (:data:`~transduce.model.encoder.ENCODER_PREFIXES`), and takes:
 
 - the **shape** (:func:`model_config`): the pretrained model's dimensions, norms, positions and ids; a field of the
   config's model section that contradicts them is an error naming the field. The dropout rates and the fields that
@@ -26,7 +26,8 @@ from torch import nn
 
 from transduce.config import Config, ModelConfig
 from transduce.finetune import _TUNABLE, FinetuneError, _pretrained
-from transduce.model.transformer import ENCODER_PREFIXES
+from transduce.mlm.model import MaskedLM
+from transduce.model.encoder import ENCODER_PREFIXES
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,12 @@ def initialise(model: nn.Module, config: Config) -> None:
     kept = _unique_parameters(encoder)
     dropped = {k: p for k, p in _unique_parameters([pre_model]).items() if k not in kept}
     count = lambda params: f"{sum(p.numel() for p in params.values()):,}"  # noqa: E731
-    log.info("initialised from %s: kept the source embeddings and the encoder (%s parameters), dropped the decoder "
-             "and the target side's embeddings and output projection (%s parameters)", path, count(kept),
-             count(dropped))  # fmt: skip
+    if isinstance(pre_model, MaskedLM):
+        rest = "the masked language model's mask vector and prediction head"
+    else:
+        rest = "the decoder and the target side's embeddings and output projection"
+    log.info("initialised from %s: kept the source embeddings and the encoder (%s parameters), dropped %s (%s "
+             "parameters)", path, count(kept), rest, count(dropped))  # fmt: skip
     _pretrained.cache_clear()  # the model holds the weights now
 
 

@@ -29,6 +29,7 @@ from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig
 from transduce.data import read_manifest
 from transduce.errors import TransduceError
+from transduce.mlm.model import MaskedLM
 from transduce.model import Transformer
 from transduce.textio import read_parallel, resolve_corpus_file
 from transduce.tokenizer import Vocabulary
@@ -46,14 +47,25 @@ class FinetuneError(TransduceError, ValueError):
 
 
 @functools.lru_cache(maxsize=1)
-def _pretrained(path: str) -> tuple[Transformer, Config, Vocabulary, Path | None]:
-    """``(model, config, vocabulary, training checkpoint or None)`` of ``init_from`` (cached: read once per run)."""
+def _pretrained(path: str) -> tuple[Transformer | MaskedLM, Config, Vocabulary, Path | None]:
+    """``(model, config, vocabulary, training checkpoint or None)`` of ``init_from`` (cached: read once per run).
+
+    The model is a translation model (:class:`~transduce.model.Transformer`: a transduce run's or checkpoint's, or a
+    Hugging Face Marian directory's) or a masked language model (:class:`~transduce.mlm.MaskedLM`, a ``data.task:
+    mlm`` run's); both hold a source embedding and an encoder under the names of
+    :data:`~transduce.model.encoder.ENCODER_PREFIXES`, which is what an encoder-only model takes from them.
+    """
     from transduce.interop.marian import is_marian_dir, load_hf
 
     if is_marian_dir(path):
         model, config, vocab = load_hf(path)
         return model, config, vocab, None
     checkpoint = ckpt.resolve(path, prefer=ckpt.LAST)
+    if ckpt.read_info(checkpoint).config.data.task == "mlm":
+        from transduce.mlm import load_masked_lm
+
+        pretrained, config, vocab_dir = load_masked_lm(checkpoint)
+        return pretrained, config, load_vocabulary(vocab_dir), checkpoint
     model, config, vocab_dir = ckpt.load_model(checkpoint)
     return model, config, load_vocabulary(vocab_dir), checkpoint
 
@@ -65,7 +77,11 @@ def vocabulary(config: Config, run_dir: Path, *, resume: bool) -> Path:
     out = run_dir / VOCAB_DIR
     if resume and (out / "tokenizer.json").is_file():
         return out
-    _, _, vocab, _ = _pretrained(config.train.init_from)
+    _, pre_config, vocab, _ = _pretrained(config.train.init_from)
+    if pre_config.data.task == "mlm" and config.data.task != "classify":
+        raise FinetuneError(f"train.init_from: {config.train.init_from} is a masked language model (data.task: mlm), "
+                            f"which has no decoder: a {config.data.task} run cannot start from it (a classifier can: "
+                            "data.task: classify)")  # fmt: skip
     size = config.train.extend_vocab
     if size:
         src_text, tgt_text = _sample(config)

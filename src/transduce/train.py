@@ -50,6 +50,9 @@ from transduce.distributed import (
     teardown,
 )
 from transduce.errors import TransduceError
+from transduce.mlm import data as mlm_data
+from transduce.mlm import training as mlm_training
+from transduce.mlm.model import MaskedLM
 from transduce.model import Transformer
 from transduce.parsing import transfer as parse_transfer
 from transduce.runlog import RunLog, Throughput, truncate_metrics
@@ -125,6 +128,8 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
                                 f"{prepared} has none)")  # fmt: skip
         elif pretrained is not None:
             finetune.check_prepared(prepared, pretrained)
+        elif config.data.task == "mlm":
+            mlm_data.check_prepared(prepared, config.data)
     if dist.enabled:
         tdist.barrier()
     tokenizer = load_vocabulary(prepared)
@@ -132,6 +137,9 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
         model = _classifier_model(config, prepared, tokenizer, resume=resume)
     elif config.data.task == "parse" and config.train.init_from:
         model = parse_transfer.model_config(config, tokenizer, resume=resume)
+    elif config.data.task == "mlm":  # the source side is the model's vocabulary; the target side's sizes follow it
+        model = config.model.replace(src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size,
+                                     share_vocab=tokenizer.joint)  # fmt: skip
     elif config.train.init_from:
         model = finetune.model_config(config, tokenizer, resume=resume)
     else:
@@ -225,13 +233,16 @@ class _Run:
         self.run_dir = Path(self.cfg.run_dir)
         self.vocab_sha = ckpt.vocab_sha256(self.run_dir / ckpt.VOCAB_DIR)
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
-        self.classify = self.config.data.task == "classify"
-        self.model: Transformer | ClassifierModel
+        self.task = self.config.data.task
+        self.classify = self.task == "classify"
+        self.model: Transformer | ClassifierModel | MaskedLM
         if self.classify:
             self.model = ClassifierModel(self.config.model)
             if self.cfg.init_from and not resume:
                 transfer.initialise(self.model, self.config)
             transfer.freeze(self.model, self.config)  # before the optimizer, which then holds only what trains
+        elif self.task == "mlm":
+            self.model = MaskedLM(self.config.model)  # (pretrained from scratch: the config refuses init_from)
         else:
             self.model = Transformer(self.config.model)
             if self.cfg.init_from and not resume and self.config.data.task == "parse":
@@ -249,6 +260,10 @@ class _Run:
                 self.prepared, self.config, rank=dist.rank, world_size=dist.world_size
             )
             self.main_sampler = self.sampler
+        elif self.task == "mlm":
+            masked = mlm_training.training_batches(self.prepared, self.config, rank=dist.rank,
+                                                   world_size=dist.world_size)  # fmt: skip
+            self.train_data, self.sampler, self.main_sampler = masked, masked, masked.sampler
         else:
             self.train_data, self.sampler, self.main_sampler = training_data(
                 self.prepared, self.cfg.max_tokens, self.config.data.mix_share,
@@ -257,7 +272,8 @@ class _Run:
             )  # fmt: skip
         self.valid_data = ParallelDataset(self.prepared, "valid") if "valid" in self._splits() else None
         self.references, self.reference_kind = (None, "")
-        if self.valid_data is not None and self.cfg.valid_bleu and dist.is_main and not self.classify:
+        decodes = self.task in ("translate", "parse")  # (a classifier and a masked language model have no BLEU)
+        if self.valid_data is not None and self.cfg.valid_bleu and dist.is_main and decodes:
             self.references, self.reference_kind = read_references(self.valid_data, self.tokenizer)
         if resume:
             self._restore()
@@ -348,6 +364,9 @@ class _Run:
         if self.classify:
             result = classify_training.validate(self.model, self.valid_data, self.config, self.device, self.dist,
                                                 self.trainer.autocast)  # fmt: skip
+        elif self.task == "mlm":
+            result = mlm_training.validate(self.model, self.valid_data, self.config, self.device, self.dist,
+                                           self.trainer.autocast)  # fmt: skip
         else:
             result = validate(self.model, self.valid_data, self.tokenizer, self.references, self.reference_kind,
                               self.config, self.device, self.dist, self.trainer.autocast)  # fmt: skip
@@ -364,7 +383,10 @@ class _Run:
         if result.bleu is not None:
             bleu = f" BLEU {result.bleu:.2f} chrF {result.chrf:.2f} ({result.bleu_signature})"
         best = " (best)" if self.state.best_step == step else ""
-        if result.accuracy is not None:
+        if self.task == "mlm":
+            self.runlog.info("validation at step %d: masked-LM loss %.4f nll %.4f accuracy %.2f%% (%d chosen pieces)%s",
+                             step, result.loss, result.nll, result.accuracy, result.tokens, best)  # fmt: skip
+        elif result.accuracy is not None:
             self.runlog.info("validation at step %d: accuracy %.2f%% loss %.4f nll %.4f (%d examples)%s", step,
                              result.accuracy, result.loss, result.nll, result.tokens, best)  # fmt: skip
         else:
@@ -381,6 +403,8 @@ class _Run:
         pin = self.device if self.device.type == "cuda" else None
         if self.classify:
             make_batch = classify_training.collate(self.config)
+        elif self.task == "mlm":
+            make_batch = mlm_training.collate(self.config)
         else:
             make_batch = functools.partial(collate, pad_id=self.config.model.pad_id, bos_id=self.config.model.bos_id,
                                            eos_id=self.config.model.eos_id)  # fmt: skip

@@ -28,6 +28,7 @@ from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.distributed import Dist, all_reduce_tensor
 from transduce.encoder_transfer import lr_scales
 from transduce.loss import smoothed_nll_sums
+from transduce.mlm.training import loss_sums as masked_lm_sums
 from transduce.optim import build_optimizer, learning_rate, set_learning_rate
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class Trainer:
         self.device = device
         self.model = model.to(device)
         self.optimizer = build_optimizer(self.model, self.cfg, lr_scales(self.model, config))  # (init_from)
-        self.classify = config.data.task == "classify"  # one label per example instead of a target sentence
+        self.task = config.data.task  # classify: one label per example; mlm: the chosen pieces of each text
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.step = 0  # updates applied
         self.time_share = 0.0  # decay_by time: the share of max_minutes spent, agreed by the ranks (the loop sets it)
@@ -177,12 +178,16 @@ class Trainer:
             sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
             with sync:
                 with self.autocast():
-                    if self.classify:
+                    if self.task == "classify":
                         logits = self.net(batch.src, src_padded=padded)  # (B, classes)
+                    elif self.task == "mlm":
+                        logits = self.net(batch.src, batch.masked, batch.positions, src_padded=padded)  # (N, V)
                     else:
                         logits = self.net(batch.src, batch.tgt_in, src_padded=padded)  # (B, T, V)
-                if self.classify:
+                if self.task == "classify":
                     loss, nll = classification_sums(logits, batch.labels, eps)
+                elif self.task == "mlm":
+                    loss, nll = masked_lm_sums(logits, batch.labels, eps, pad)
                 else:
                     loss, nll = smoothed_nll_sums(logits, batch.tgt_out, eps, pad)
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()

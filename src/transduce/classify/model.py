@@ -1,9 +1,9 @@
 """The sentence classifier: transduce's encoder, a pooled sentence vector, and a classification head.
 
-The encoder is the translation model's (:class:`transduce.model.Transformer`): the same modules under the same names
-(``src_embed``, ``src_positions``, ``encoder_layers``, ``encoder_norm``), so a translation model's source embeddings
-and encoder load into it by name and :meth:`ClassifierModel.encode` computes exactly what the translation model's
-``encode`` does. On top of it (``model.transfer``):
+The encoder is the translation model's (:class:`transduce.model.encoder.TextEncoder`): the same modules under the
+same names (``src_embed``, ``src_positions``, ``encoder_layers``, ``encoder_norm``), so a translation model's source
+embeddings and encoder load into it by name and :meth:`ClassifierModel.encode` computes exactly what the translation
+model's ``encode`` does. On top of it (``model.transfer``):
 
 - ``finetune``: the encoder's states are pooled and classified; everything trains (the pretrained part at
   ``train.pretrained_lr_scale`` of the rate, :mod:`transduce.classify.transfer`).
@@ -30,27 +30,16 @@ The head (:class:`transduce.model.layers.ClassificationHead`) is dropout and one
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from transduce.config import ModelConfig
-from transduce.model.cache import Memory
-from transduce.model.layers import (
-    ClassificationHead,
-    Dropout,
-    EncoderLayer,
-    LearnedPositions,
-    SinusoidalPositions,
-    padding_mask,
-)
-from transduce.model.packed import forget_packed
-from transduce.model.transformer import ENCODER_PREFIXES  # the tensors a classifier takes from a translation model
+from transduce.model.encoder import ENCODER_PREFIXES, TextEncoder
+from transduce.model.layers import ClassificationHead, Dropout, EncoderLayer, padding_mask
 
 
-class ClassifierModel(nn.Module):
+class ClassifierModel(TextEncoder):
     """Encoder + pooling + head (see the module docstring).
 
     Args:
@@ -58,24 +47,10 @@ class ClassifierModel(nn.Module):
     """
 
     def __init__(self, config: ModelConfig):
-        super().__init__()
         if len(config.labels) < 2:
             raise ValueError(f"a classifier needs model.labels (two at least), got {config.labels!r}")
-        self.config = cfg = config
-        d = cfg.d_model
-        # the pretrained part: a translation model's source side, under its names
-        self.src_embed = nn.Embedding(cfg.src_vocab_size, d, padding_idx=cfg.pad_id)
-        if cfg.positions == "sinusoidal":
-            self.src_positions: nn.Module = SinusoidalPositions(d)
-        else:
-            self.src_positions = LearnedPositions(d, cfg.max_positions)
-        self.embed_scale = math.sqrt(d) if cfg.scale_embeddings else 1.0
-        self.dropout = Dropout(cfg.dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.encoder_norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.norm == "pre" else nn.Identity()
-        nn.init.normal_(self.src_embed.weight, std=d**-0.5)
-        with torch.no_grad():
-            self.src_embed.weight[cfg.pad_id].zero_()
+        super().__init__(config)  # the pretrained part: a translation model's source side, under its names
+        cfg, d = config, config.d_model
         # what classification adds
         self.cove = cfg.transfer == "cove"
         self.cove_lstm: nn.LSTM | None = None
@@ -99,19 +74,6 @@ class ClassifierModel(nn.Module):
 
     # ------------------------------------------------------------------------------------------------------------------
 
-    def pretrained_modules(self) -> list[nn.Module]:
-        """The modules a translation model provides: source embeddings, positions, the encoder's layers and norm."""
-        return [self.src_embed, self.src_positions, self.dropout, self.encoder_layers, self.encoder_norm]
-
-    def pretrained_parameters(self) -> list[nn.Parameter]:
-        """The parameters of :meth:`pretrained_modules`."""
-        return [p for m in self.pretrained_modules() for p in m.parameters()]
-
-    def _embed(self, src: Tensor) -> Tensor:
-        """(B, S) ids -> (B, S, d_model): scaled embeddings plus positions, as the translation model's encoder."""
-        positions = self.src_positions(0, src.shape[1]).to(self.src_embed.weight.dtype)  # (S, d)
-        return self.src_embed(src) * self.embed_scale + positions
-
     def _with_cls(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Prepend the ``<cls>`` vector: (B, S, d) -> (B, 1 + S, d), the mask (B, 1, 1, S) -> (B, 1, 1, 1 + S)."""
         assert self.cls_embed is not None
@@ -119,24 +81,6 @@ class ClassifierModel(nn.Module):
         if mask is not None:
             mask = torch.cat([mask.new_ones(mask.shape[0], 1, 1, 1), mask], dim=-1)
         return torch.cat([cls, x], dim=1), mask
-
-    def _layers(self, x: Tensor, mask: Tensor | None, layers: nn.ModuleList, norm: nn.Module) -> Tensor:
-        for layer in layers:
-            x, _ = layer(x, mask)
-        return norm(x)
-
-    def encode(self, src: Tensor, *, src_padded: bool | None = None) -> Memory:
-        """The pretrained encoder alone, as :meth:`transduce.model.Transformer.encode` computes it.
-
-        Args:
-            src: (B, S) text ids + eos, right-padded.
-            src_padded: whether ``src`` has padding, when known (see :func:`~transduce.model.padding_mask`).
-        Returns:
-            :class:`~transduce.model.Memory`: states (B, S, d_model) and the mask.
-        """
-        mask = padding_mask(src, self.config.pad_id, src_padded)
-        x = self._layers(self.dropout(self._embed(src)), mask, self.encoder_layers, self.encoder_norm)
-        return Memory(x, mask)
 
     def forward(self, src: Tensor, *, src_padded: bool | None = None) -> Tensor:
         """Class scores.
@@ -190,16 +134,11 @@ class ClassifierModel(nn.Module):
     def train(self, mode: bool = True) -> ClassifierModel:
         """Training or evaluation mode; under CoVe the pretrained part stays in evaluation mode (no dropout), and the
         packed inference weights (:func:`~transduce.model.packed.project`) are dropped as the Transformer's are."""
-        forget_packed(self)
         super().train(mode)
         if self.cove:
             for module in self.pretrained_modules():
                 module.train(False)
         return self
-
-    def num_parameters(self) -> int:
-        """Trainable parameters."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
 
 __all__ = ["ENCODER_PREFIXES", "ClassifierModel"]

@@ -1,7 +1,8 @@
-"""A classifier started from a translation model (``train.init_from`` with ``data.task: classify``).
+"""A classifier started from a pretrained encoder (``train.init_from`` with ``data.task: classify``).
 
-``init_from`` names a transduce translation run or checkpoint, or a Hugging Face Marian directory (read as
-:mod:`transduce.finetune` reads it). The classifier takes from it:
+``init_from`` names a transduce translation run or checkpoint, a Hugging Face Marian directory, or a masked language
+model's run or checkpoint (``data.task: mlm``, :mod:`transduce.mlm`), read as :func:`transduce.finetune._pretrained`
+reads them. The classifier takes from it:
 
 - the **source vocabulary**: the texts are encoded with the pretrained model's source side, and no vocabulary is
   learned (:func:`transduce.finetune.vocabulary` writes it into the run, :mod:`transduce.classify.data` encodes with
@@ -10,8 +11,8 @@
   them is an error naming the field. Dropout rates and the classifier's own fields (pooling, transfer, cove_task,
   cove_layers) are the run's;
 - the **weights** (:func:`initialise`): the source embeddings, the positions (learned ones) and the encoder's layers
-  and final norm; the decoder, the target embeddings and the output projection are dropped. The log says how many
-  parameters were kept and dropped.
+  and final norm; a translation model's decoder, target embeddings and output projection are dropped, as are a masked
+  language model's mask vector and prediction head. The log says how many parameters were kept and dropped.
 
 What trains is :func:`freeze`'s business (fine-tuning: ``train.freeze_layers``, ``freeze_encoder``,
 ``freeze_embeddings``; CoVe keeps the whole pretrained part fixed by itself) and the rates are

@@ -8,13 +8,17 @@ Examples:
   transduce prepare --src-file corpus/train.source --tgt-file corpus/train.target -o prepared/two-files
   transduce prepare --config configs/multi30k_en_de.yaml -o prepared/multi30k data.lowercase=true
   transduce prepare --task classify --train reviews/train.tsv --valid reviews/valid.tsv -o prepared/reviews
+  transduce prepare --task mlm --train corpus/wiki.txt.gz --valid corpus/valid.txt -o prepared/mlm --vocab-size 8000
+  transduce prepare --task mlm --train data/multi30k/train --src-lang en --vocabulary runs/multi30k_en_de -o prepared/m
 
 A corpus (--train, --valid, --test) is a path prefix (--train data/train with --src-lang en reads data/train.en or
 data/train.en.gz, and data/train.de[.gz]), a TSV file (NAME.tsv[.gz]: source<TAB>target), or a JSON Lines file
 (NAME.jsonl[.gz]: {"src": ..., "tgt": ...} per line; --src-field/--tgt-field name other fields). --src-file and
 --tgt-file give the training corpus as two files of any names. With --task classify a corpus is a TSV file of
-label<TAB>text lines or a JSON Lines file (--text-field, --label-field; docs/transfer.md). Options on the command
-line override the config file, and dotted KEY=VALUE overrides override both.
+label<TAB>text lines or a JSON Lines file (--text-field, --label-field; docs/transfer.md); with --task mlm it is raw
+text, one text per line: a FILE.txt[.gz] or a prefix's --src-lang side, encoded with a learned vocabulary or that of
+--vocabulary (docs/transfer.md). Options on the command line override the config file, and dotted KEY=VALUE overrides
+override both.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ _VALUE_FLAGS = {
     "text_field": "text_field",
     "text2_field": "text2_field",
     "label_field": "label_field",
+    "vocabulary": "vocabulary",
     "vocab_size": "vocab_size",
     "vocab_type": "vocab_type",
     "max_len": "max_len",
@@ -77,11 +82,13 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--test", metavar="CORPUS", action="append", help="a test corpus (repeatable; every line kept)")
     g.add_argument("--src-field", metavar="NAME", help="JSON Lines: field of the source (default: src; a.b nests)")
     g.add_argument("--tgt-field", metavar="NAME", help="JSON Lines: field of the target (default: tgt)")
-    g.add_argument("--task", choices=("translate", "parse", "classify"), help="data.task: what the corpora hold")
+    g.add_argument("--task", choices=("translate", "parse", "classify", "mlm"), help="data.task: what the corpora hold")
     g.add_argument("--text-field", metavar="NAME", help="classify, JSON Lines: field of the text (default: text)")
     g.add_argument("--text2-field", metavar="NAME", help="classify: field of a second text (sentence pairs)")
     g.add_argument("--label-field", metavar="NAME", help="classify, JSON Lines: field of the label (default: label)")
     g.add_argument("--vocab-size", type=positive_int, metavar="N", help="subword vocabulary size")
+    g.add_argument("--vocabulary", metavar="PATH", help="mlm: encode with this run's, checkpoint's, prepared "
+                   "directory's or SentencePiece .model file's vocabulary instead of learning one")  # fmt: skip
     g.add_argument("--vocab-type", choices=("bpe", "unigram"), help="SentencePiece model type")
     g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
     g.add_argument("--lowercase", action="store_true", help="lowercase both sides (also at translation)")
@@ -115,7 +122,7 @@ def data_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
-FILES = Files(inputs=("config", "train", "valid", "test", "src_file", "tgt_file"), replaced=("output",))
+FILES = Files(inputs=("config", "train", "valid", "test", "src_file", "tgt_file", "vocabulary"), replaced=("output",))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ Examples:
   transduce train my_domain.yaml --init-from runs/multi30k_en_de train.extend_vocab=2000 \\
       train.freeze_embeddings=true data.mix=../shared/data/multi30k/train data.mix_share=0.2   # docs/finetune.md
   transduce train configs/movie_reviews_finetune.yaml   # a classifier on a translation encoder (docs/transfer.md)
+  transduce train configs/multi30k_en_mlm.yaml          # masked-LM pretraining of an encoder (docs/transfer.md)
 
 Without CONFIG.yaml every value is the built-in default (the config dataclasses, listed in configs/example.yaml),
 with the model shape of --preset (base, big, small, tiny, test), the data options below and the KEY=VALUE overrides
@@ -53,7 +54,8 @@ def _field_docs(cls: type) -> str:
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
 FILES = Files(
-    inputs=("config", "resume", "init_from", "train", "valid", "test", "src_file", "tgt_file"), outputs=("output",)
+    inputs=("config", "resume", "init_from", "train", "valid", "test", "src_file", "tgt_file", "vocabulary"),
+    outputs=("output",),
 )
 
 

@@ -95,7 +95,8 @@ def prepare(
 
     With ``data.task: parse`` the corpora are treebanks, first turned into text pairs
     (:func:`transduce.parsing.prepare.prepare_treebank`); with ``data.task: classify`` they are labelled texts
-    (:func:`transduce.classify.data.prepare_classification`).
+    (:func:`transduce.classify.data.prepare_classification`); with ``data.task: mlm`` raw texts for masked-LM
+    pretraining (:func:`transduce.mlm.data.prepare_mlm`, whose vocabulary is learned or ``data.vocabulary``).
 
     Args:
         cfg: the data section of the configuration (``train`` is required).
@@ -122,6 +123,10 @@ def prepare(
         from transduce.classify.data import prepare_classification
 
         return prepare_classification(cfg, out_dir, force=force, vocabulary=vocabulary)
+    if cfg.task == "mlm":
+        from transduce.mlm.data import prepare_mlm
+
+        return prepare_mlm(cfg, out_dir, force=force)
     return _prepare_text(cfg, out_dir, force=force, vocabulary=vocabulary)
 
 

@@ -23,10 +23,6 @@ from transduce.model.layers import (
 )
 from transduce.model.packed import forget_packed, project
 
-#: the names of the source embeddings and the encoder, which a classifier or a parser takes over from a pretrained
-#: model (:mod:`transduce.encoder_transfer`)
-ENCODER_PREFIXES = ("src_embed.", "src_positions.", "encoder_layers.", "encoder_norm.")
-
 
 @dataclass(frozen=True)
 class AttentionWeights:

@@ -1,0 +1,453 @@
+"""Masked-LM data: reading raw text, preparing it, masking it and batching it.
+
+A corpus (``data.train``, ``data.valid``, each ``data.test`` entry) with ``data.task: mlm`` is one text per line,
+plain or gzipped:
+
+- a text file, ``NAME.txt[.gz]`` (any existing file but a ``.tsv`` or ``.jsonl`` one is read so);
+- the source side of a translation corpus in the prefix form: ``data.train: data/multi30k/train`` with
+  ``data.src_lang: en`` reads ``data/multi30k/train.en`` or ``train.en.gz``, as translation data resolves it.
+
+Every fault is one :class:`~transduce.errors.DataError` naming the file (and line), raised by the first pass before
+any vocabulary is trained or any file is written: a missing file, bytes that are not UTF-8, an empty (or blank) line,
+a corpus without any line. Texts longer than ``data.max_len`` pieces are truncated (and counted), never dropped:
+every line of every corpus is kept, in order.
+
+The vocabulary is learned on a sample of the training texts (``data.vocab_size``, as translation data learns a joint
+one), or taken from ``data.vocabulary``: a run directory, a checkpoint, a prepared or vocabulary directory (one with
+``tokenizer.json``), whose files are copied as they are, so that the run's vocabulary is that run's, file for file;
+or a SentencePiece ``.model`` file with transduce's special ids (pad 0, bos 1, eos 2, unk 3), used with
+``data.lowercase``.
+
+The prepared directory has the layout of a translation one (:mod:`transduce.data.binary`): the text ids are the
+``src`` side and the ``tgt`` side is empty. Masking happens when batches are made (:class:`MaskedEpochs`), not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece
+import torch
+
+import transduce
+from transduce.config import DataConfig
+from transduce.data.batch import _pad
+from transduce.data.binary import ParallelDataset, SplitWriter, ids_dtype, split_files
+from transduce.data.output import make_temp_dir, read_json
+from transduce.data.sampler import TokenBatchSampler
+from transduce.errors import DataError
+from transduce.mlm.masking import MaskedText, Masker
+from transduce.special import EOS_ID, PAD_ID, SPECIAL_IDS
+from transduce.textio import decode_line, iter_raw_lines, resolve_corpus_file, sha256_file
+from transduce.tokenizer import TOKENIZER_FILE, Tokenizer, Vocabulary
+from transduce.vocab import load_vocabulary
+
+log = logging.getLogger(__name__)
+
+FORMAT, VERSION = "transduce-prepared", 1  # the translation format, with an empty target side
+CHUNK_LINES = 4096  # lines encoded at a time
+SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
+VALID_SEED = 20190524  # the validation masking's seed: the same masking at every validation of every run
+# DataConfig fields that change a masked-LM preparation
+_OPTION_KEYS = ("vocab_type", "vocab_size", "character_coverage", "input_sentence_size", "lowercase", "max_len")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# corpora
+
+
+def resolve_corpus(key: str, spec: str | list[str], cfg: DataConfig) -> Path:
+    """The text file a data entry names (``key``, e.g. ``data.train``, for messages).
+
+    Raises:
+        DataError: two files, a TSV or JSON Lines file, or no such file (nor ``spec.src_lang[.gz]``).
+    """
+    from transduce.download import missing_corpus_hint
+
+    if not isinstance(spec, str):
+        raise DataError(f"{key}: a masked-LM corpus is one text file or a path prefix, got two files {spec!r}")
+    path = Path(spec)
+    name = path.name.removesuffix(".gz")
+    if name.endswith((".tsv", ".jsonl")):
+        raise DataError(f"{key}: a masked-LM corpus is a text file (one text per line) or a path prefix, got {spec!r}")
+    if path.is_file():
+        return path
+    if name.endswith(".txt"):
+        raise DataError(f"{path}: file not found{missing_corpus_hint(key, spec)}")
+    try:
+        return resolve_corpus_file(spec, cfg.src_lang)  # a translation corpus's source side
+    except DataError as e:
+        raise DataError(f"{e}{missing_corpus_hint(key, spec)}") from None
+
+
+def corpora(cfg: DataConfig) -> dict[str, Path]:
+    """The text files of the data section by split name: ``train``, ``valid`` and one per test file (its name)."""
+    if not cfg.train:
+        raise DataError("no training corpus: set data.train (--train FILE.txt, or a prefix with --src-lang)")
+    out = {"train": resolve_corpus("data.train", cfg.train, cfg)}
+    if cfg.valid:
+        out["valid"] = resolve_corpus("data.valid", cfg.valid, cfg)
+    for spec in cfg.test:
+        path = resolve_corpus("data.test", spec, cfg)
+        name = path.name.removesuffix(".gz").rsplit(".", 1)[0]
+        if name in out:
+            raise DataError(f"test set {path}: the split name {name!r} is already taken; rename the file")
+        out[name] = path
+    return out
+
+
+def texts(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number from 1, text)`` for every line of ``path``.
+
+    Raises:
+        DataError: a line that is not UTF-8 or is empty, naming the file and line.
+    """
+    for lineno, raw in enumerate(iter_raw_lines(path), start=1):
+        text = decode_line(raw, path, lineno) or ""  # (strict: a bad byte raises)
+        if not text.strip():
+            raise DataError(f"{path}, line {lineno}: empty text")
+        yield lineno, text
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """How the corpus is read and its file's identity, for the manifest (the shape of a translation record)."""
+    file = {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return {"format": "text", "src": file, "tgt": dict(file)}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a given vocabulary (data.vocabulary)
+
+
+def vocabulary_source(spec: str) -> Path:
+    """The vocabulary directory (with ``tokenizer.json``) or SentencePiece ``.model`` file that ``data.vocabulary``
+    names: a run directory or a standalone checkpoint (its ``vocab/``), a training checkpoint (its run's
+    ``vocab/``), a prepared or vocabulary directory, or a ``.model`` file.
+
+    Raises:
+        DataError: nothing there, or nothing that holds a vocabulary.
+    """
+    from transduce import checkpoint as ckpt
+
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".model":
+        return path
+    if path.is_file() and path.name == ckpt.MODEL_FILE:
+        path = path.parent
+    if not path.exists():
+        raise DataError(f"{path}: not found (data.vocabulary)")
+    for candidate in (path, path / ckpt.VOCAB_DIR):
+        if (candidate / TOKENIZER_FILE).is_file():
+            return candidate
+    if (path / ckpt.MODEL_FILE).is_file():
+        return ckpt.vocab_dir_of(path)
+    raise DataError(f"{path}: no vocabulary there (data.vocabulary: a run directory, a checkpoint, a directory with "
+                    f"{TOKENIZER_FILE} or a SentencePiece .model file)")  # fmt: skip
+
+
+def vocabulary_identity(source: Path, lowercase: bool) -> str:
+    """What identifies a given vocabulary in the manifest: the run's vocabulary identity
+    (:func:`transduce.checkpoint.vocab_sha256`) of a directory; a ``.model`` file's checksum and ``lowercase``."""
+    from transduce.checkpoint import vocab_sha256
+
+    if source.is_dir():
+        return vocab_sha256(source)
+    return hashlib.sha256(source.read_bytes() + f"\0lowercase={lowercase}".encode()).hexdigest()
+
+
+def _write_vocabulary(source: Path, directory: Path, lowercase: bool) -> Tokenizer:
+    """Put the vocabulary of ``source`` into ``directory`` and load it (transduce's SentencePiece vocabularies only).
+
+    Raises:
+        DataError: not a SentencePiece model, other special ids, or a vocabulary of another kind (Marian's).
+    """
+    from transduce.checkpoint import copy_vocab
+
+    if source.is_dir():
+        copy_vocab(source, directory)  # the very files: the run's vocabulary identity is that run's
+        tok = load_vocabulary(directory)
+    else:
+        try:
+            proc = sentencepiece.SentencePieceProcessor(model_file=str(source))
+        except (RuntimeError, OSError) as e:
+            raise DataError(f"{source}: not a SentencePiece model ({str(e).strip().splitlines()[0]})") from None
+        try:
+            tok = Tokenizer(proc, lowercase=lowercase)
+        except DataError as e:
+            raise DataError(f"{source}: {e}") from None
+        tok.save(directory)
+    if not isinstance(tok, Tokenizer):
+        raise DataError(f"{source}: a {type(tok).__name__} vocabulary; a masked language model needs a SentencePiece "
+                        "vocabulary with transduce's special ids (pad 0, bos 1, eos 2, unk 3)")  # fmt: skip
+    return tok
+
+
+def check_prepared(prepared: Path, cfg: DataConfig) -> None:
+    """A given prepared directory (``data.prepared`` without raw data) must hold ``data.vocabulary``'s vocabulary.
+
+    Raises:
+        DataError: it was prepared for another task or with another vocabulary.
+    """
+    from transduce.data.binary import read_manifest
+
+    manifest = read_manifest(prepared)
+    if manifest.get("task") != "mlm":
+        raise DataError(f"{prepared}: not prepared for masked-LM pretraining (data.task: mlm)")
+    if cfg.vocabulary:
+        identity = vocabulary_identity(vocabulary_source(cfg.vocabulary), cfg.lowercase)
+        if manifest["options"].get("vocabulary") != identity:
+            raise DataError(f"{prepared}: prepared with another vocabulary than {cfg.vocabulary}; set data.train to "
+                            "prepare the corpus with it")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# preparing
+
+
+def prepare_mlm(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """``transduce prepare`` for ``data.task: mlm`` (see the module docstring).
+
+    Args:
+        cfg: the data section.
+        out_dir: the prepared directory to create (atomically: nothing is left on failure).
+        force: rebuild even when ``out_dir`` already holds this preparation.
+
+    Returns:
+        The manifest (also written to ``out_dir/manifest.json``).
+
+    Raises:
+        DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.
+    """
+    from transduce.data.preparation import earlier_preparation, install_prepared
+
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    splits = corpora(cfg)
+    options: dict[str, Any] = {"task": "mlm", **{key: getattr(cfg, key) for key in _OPTION_KEYS}}
+    source = vocabulary_source(cfg.vocabulary) if cfg.vocabulary else None
+    if source is not None:
+        options["vocabulary"] = vocabulary_identity(source, cfg.lowercase)
+    inputs = {split: _record(path) for split, path in splits.items()}
+    existing = earlier_preparation(out_dir, options, inputs, force=force)
+    if existing is not None:
+        return existing
+    lines, sample = _check(splits, cfg.input_sentence_size)  # every fault raised before anything is written
+    tmp = make_temp_dir(out_dir)
+    try:
+        if source is not None:
+            tok = _write_vocabulary(source, tmp, cfg.lowercase)
+            log.info("encoding with the vocabulary of %s (%s)", cfg.vocabulary, tok)
+        else:
+            log.info("training a %s vocabulary of %d on %d sampled texts", cfg.vocab_type, cfg.vocab_size, len(sample))
+            tok = Tokenizer.train(tmp, sample, vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type,
+                                  lowercase=cfg.lowercase, character_coverage=cfg.character_coverage,
+                                  threads=cfg.workers or os.cpu_count() or 1)  # fmt: skip
+        dtype = ids_dtype(tok.src_vocab_size)
+        info = {split: _encode_split(tmp, split, path, tok, cfg.max_len, dtype) for split, path in splits.items()}
+        for split, entry in info.items():
+            entry["read"] = lines[split]
+            for side in ("src", "tgt"):
+                inputs[split][side]["lines"] = lines[split]
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "transduce_version": transduce.__version__,
+            "sentencepiece_version": sentencepiece.__version__,
+            "task": "mlm",
+            "options": options,
+            "inputs": inputs,
+            "special_ids": dict(SPECIAL_IDS),
+            "tokenizer": read_json(tmp / "tokenizer.json"),
+            "dtype": dtype.name,
+            "splits": info,
+        }
+        install_prepared(tmp, out_dir, manifest, started)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("prepared %s in %.1f s: %d training texts", out_dir, manifest["seconds"], info["train"]["pairs"])
+    return manifest
+
+
+def _check(splits: dict[str, Path], sample_size: int) -> tuple[dict[str, int], list[str]]:
+    """Pass 1: read every corpus to the end; returns each split's line count and a uniform sample of at most
+    ``sample_size`` training texts (for the vocabulary).
+
+    Raises:
+        DataError: the first fault, naming its file and line; a corpus without any line.
+    """
+    rng = random.Random(SAMPLE_SEED)
+    sample: list[str] = []
+    lines: dict[str, int] = {}
+    for split, path in splits.items():
+        lines[split] = 0
+        for lineno, text in texts(path):
+            lines[split] = lineno
+            if split != "train":
+                continue
+            if len(sample) < sample_size:  # reservoir sampling: memory bounded by the sample, not the corpus
+                sample.append(text)
+            elif (j := rng.randrange(lineno)) < sample_size:
+                sample[j] = text
+        if not lines[split]:
+            raise DataError(f"{path}: no texts (the file is empty)")
+    return lines, sample
+
+
+def _encode_split(tmp: Path, split: str, path: Path, tok: Vocabulary, max_len: int, dtype: np.dtype
+                  ) -> dict[str, Any]:  # fmt: skip
+    """Pass 2 for one split: encode and append every line; returns the split's manifest entry."""
+    writer = SplitWriter(tmp, split, dtype)
+    truncated = 0
+
+    def flush(chunk: list[tuple[int, str]]) -> None:
+        nonlocal truncated
+        full = tok.encode_src_batch([text for _, text in chunk])
+        truncated += sum(len(ids) > max_len for ids in full)
+        ids = [s[:max_len] for s in full]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter((i for s in ids for i in s), dtype=np.int64, count=int(lens.sum()))
+        lines = np.asarray([lineno - 1 for lineno, _ in chunk], dtype=np.int64)
+        writer.append(lines, flat, lens, np.zeros(0, dtype=np.int64), np.zeros(len(chunk), dtype=np.int64))
+
+    chunk: list[tuple[int, str]] = []
+    for item in texts(path):
+        chunk.append(item)
+        if len(chunk) == CHUNK_LINES:
+            flush(chunk)
+            chunk = []
+    if chunk:
+        flush(chunk)
+    info = writer.close()
+    kind = "train" if split == "train" else "valid" if split == "valid" else "test"
+    log.info("%s: %d texts, %d pieces, %d truncated to %d pieces", split, info["pairs"], info["src_tokens"], truncated,
+             max_len)  # fmt: skip
+    return {**info, "kind": kind, "counts": {"truncated": truncated}, "files": split_files(split)}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# masking and batches
+
+
+@dataclass
+class MaskedBatch:
+    """A masked-LM batch: batch-first tensors, the texts right-padded with the pad id.
+
+    Shape:
+        src: ``(B, S)`` input ids + eos, S = longest text + 1 (``unk`` where the mask vector goes).
+        masked: ``(B, S)`` bool, True where the input is the mask vector.
+        positions: ``(N,)`` the chosen positions as flat indices into ``(B * S)`` (``row * S + column``), in order.
+        labels: ``(N,)`` the original ids at ``positions``: what the model predicts.
+    """
+
+    src: torch.Tensor
+    masked: torch.Tensor
+    positions: torch.Tensor
+    labels: torch.Tensor
+    n_src_tokens: int  # real tokens (eos included, padding not)
+    n_tgt_tokens: int  # chosen positions: what the loss is normalised by
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> MaskedBatch:
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return MaskedBatch(move(self.src), move(self.masked), move(self.positions), move(self.labels),
+                           self.n_src_tokens, self.n_tgt_tokens)  # fmt: skip
+
+    def pin_memory(self) -> MaskedBatch:
+        return MaskedBatch(self.src.pin_memory(), self.masked.pin_memory(), self.positions.pin_memory(),
+                           self.labels.pin_memory(), self.n_src_tokens, self.n_tgt_tokens)  # fmt: skip
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+
+def collate_masked(texts: Sequence[MaskedText], pad_id: int = PAD_ID, eos_id: int = EOS_ID) -> MaskedBatch:
+    """Pad masked texts into a :class:`MaskedBatch`: ids + eos, right-padded."""
+    if not texts:
+        raise ValueError("collate_masked: empty batch")
+    src, n_src = _pad([t.ids for t in texts], pad_id, None, eos_id)
+    width = src.shape[1]
+    masked = np.zeros(src.shape, dtype=bool)
+    for row, t in enumerate(texts):
+        masked[row, t.masked] = True
+    positions = np.concatenate([row * width + t.chosen for row, t in enumerate(texts)])
+    labels = np.concatenate([t.labels for t in texts])
+    return MaskedBatch(torch.from_numpy(src), torch.from_numpy(masked), torch.from_numpy(positions.astype(np.int64)),
+                       torch.from_numpy(labels.astype(np.int64)), n_src, len(positions))  # fmt: skip
+
+
+class MaskedEpochs:
+    """The training split's dataset and batch sampler in one: ``self[i]`` is text ``i`` masked for the epoch that
+    :meth:`iter_from` last started, a pure function of ``(seed, epoch, i)`` (whatever the batch, the rank or the
+    number of ranks), so that every epoch masks anew and a resumed run masks as the run it continues did.
+
+    Args:
+        dataset: the prepared training split.
+        masker: the model's :class:`~transduce.mlm.masking.Masker`.
+        max_tokens, seed, rank, world_size: as :class:`~transduce.data.sampler.TokenBatchSampler` takes them.
+    """
+
+    def __init__(self, dataset: ParallelDataset, masker: Masker, max_tokens: int, *, seed: int, rank: int = 0,
+                 world_size: int = 1) -> None:  # fmt: skip
+        self.dataset, self.masker, self.seed = dataset, masker, seed
+        self.sampler = batch_sampler(dataset, max_tokens, seed=seed, rank=rank, world_size=world_size)
+        self.epoch = 0
+
+    def iter_from(self, epoch: int, position: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of ``epoch``, skipping the first ``position``; ``self[i]`` masks for ``epoch``."""
+        self.epoch = epoch
+        return self.sampler.iter_from(epoch, position)
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return len(self.sampler)
+
+    def __getitem__(self, i: int) -> MaskedText:
+        return self.masker(self.dataset[i][0], np.random.default_rng([self.seed, self.epoch, int(i)]))
+
+
+class FixedMasking:
+    """A split masked once and for all: ``self[i]`` is text ``i`` masked by a generator seeded with
+    ``(VALID_SEED, i)``, the same at every validation (and in every run, whatever its ``train.seed``)."""
+
+    def __init__(self, dataset: ParallelDataset, masker: Masker) -> None:
+        self.dataset, self.masker = dataset, masker
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> MaskedText:
+        return self.masker(self.dataset[i][0], np.random.default_rng([VALID_SEED, int(i)]))
+
+
+def batch_sampler(dataset: ParallelDataset, max_tokens: int, *, seed: int, shuffle: bool = True, rank: int = 0,
+                  world_size: int = 1) -> TokenBatchSampler:  # fmt: skip
+    """Length-grouped batches of a masked-LM split under ``max_tokens``."""
+    return TokenBatchSampler(dataset.src_lengths, dataset.tgt_lengths, max_tokens, seed=seed, shuffle=shuffle,
+                             rank=rank, world_size=world_size)  # fmt: skip
+
+
+__all__ = [
+    "FixedMasking",
+    "MaskedBatch",
+    "MaskedEpochs",
+    "batch_sampler",
+    "check_prepared",
+    "collate_masked",
+    "corpora",
+    "prepare_mlm",
+    "resolve_corpus",
+    "texts",
+    "vocabulary_source",
+]
