@@ -411,11 +411,11 @@ def run_load(url: str, requests: list[dict], clients: int) -> tuple[list, list[f
 
 
 @pytest.mark.slow
-def test_load_2000_requests_from_32_clients_without_error(client, server, reference):
+def test_load_1000_requests_from_32_clients_without_error(client, server, reference):
     rng = random.Random(7)
     pool = [*copy_sentences(300, seed=21), ""]
     requests = []
-    for _ in range(2000):
+    for _ in range(1000):
         body: dict = {"sentences": rng.sample(pool, rng.randint(1, 3))}
         if rng.random() < 0.9:  # mostly greedy, to keep the test short; the rest with the default beam 4
             body["beam"] = 1
@@ -439,12 +439,12 @@ def test_load_2000_requests_from_32_clients_without_error(client, server, refere
     latencies.sort()
     p50, p99 = statistics.median(latencies), latencies[int(0.99 * len(latencies)) - 1]
     print(
-        f"\nload: 2000 requests, 32 clients: {2000 / elapsed:.0f} requests/s, p50 {p50 * 1000:.0f} ms, "
+        f"\nload: 1000 requests, 32 clients: {1000 / elapsed:.0f} requests/s, p50 {p50 * 1000:.0f} ms, "
         f"p99 {p99 * 1000:.0f} ms, {after['calls'] - before['calls']} translate calls, "
         f"{after['busy_s'] - before['busy_s']:.1f} s translating"
     )
-    assert after["requests"] - before["requests"] == 2000
-    assert after["calls"] - before["calls"] < 1000  # merged: far fewer calls than requests
+    assert after["requests"] - before["requests"] == 1000
+    assert after["calls"] - before["calls"] < 500  # merged: far fewer calls than requests
     assert_alive(client)
 
 
