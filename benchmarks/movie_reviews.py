@@ -2,6 +2,7 @@
 
     python benchmarks/movie_reviews.py baselines          # majority class; tf-idf + logistic regression (scikit-learn)
     python benchmarks/movie_reviews.py runs "scratch=runs/mr_scratch_s1,runs/mr_scratch_s2" "fine-tuned=runs/..."
+    python benchmarks/movie_reviews.py pieces runs/multi30k_en_de runs/movie_reviews_scratch   # pieces per word
 
 ``baselines`` needs scikit-learn (``pip install scikit-learn``; not a dependency of transduce): words as scikit-learn's
 ``TfidfVectorizer`` splits them, unigrams and bigrams, sublinear term frequencies, logistic regression with C = 4.
@@ -9,6 +10,9 @@
 ``runs`` takes rows ``NAME=RUN,RUN,...``: for each run directory, the best validation accuracy in its metrics.jsonl
 (the checkpoint ``transduce classify`` uses), the update it was reached at, the updates made and the training minutes
 (its train.log's ``finished ... in N min`` line); per row the mean over the runs. Prints markdown tables.
+
+``pieces`` takes runs (or vocabulary directories): how many pieces each one's source vocabulary makes of a training
+text's word (whitespace-separated), over all the training texts.
 """
 
 from __future__ import annotations
@@ -92,6 +96,22 @@ def runs_table(rows: list[str]) -> tuple[list[list[str]], list[list[str]]]:
     return per_row, per_run
 
 
+def pieces_per_word(runs: list[str], data: Path) -> list[list[str]]:
+    """Pieces per whitespace-separated word of the training texts, under each run's source vocabulary."""
+    from transduce import checkpoint as ckpt
+    from transduce.vocab import load_vocabulary
+
+    _, texts = read_tsv(data / "train.tsv.gz")
+    words = sum(len(t.split()) for t in texts)
+    rows = []
+    for run in runs:
+        path = Path(run)
+        vocab = load_vocabulary(path if (path / "tokenizer.json").is_file() else ckpt.vocab_dir_of(ckpt.resolve(path)))
+        pieces = sum(len(ids) for ids in vocab.encode_src_batch(texts))
+        rows.append([run, f"{vocab.src_vocab_size:,}", f"{pieces / words:.2f}"])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap, reps=None)
@@ -100,11 +120,16 @@ def main() -> None:
     b.add_argument("--data", type=Path, default=DATA, help="the folder with train.tsv.gz and valid.tsv.gz")
     r = sub.add_parser("runs", help="validation accuracy of classifier runs, by row")
     r.add_argument("rows", nargs="+", metavar="NAME=RUN,RUN,...")
+    p = sub.add_parser("pieces", help="pieces per word of the training texts under runs' vocabularies")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--data", type=Path, default=DATA, help="the folder with train.tsv.gz")
     args = ap.parse_args()
     apply_common_args(args)
     print(machine())
     if args.what == "baselines":
         print(table(["baseline", "", "valid accuracy"], baselines(args.data)))
+    elif args.what == "pieces":
+        print(table(["vocabulary of", "pieces", "pieces per word"], pieces_per_word(args.runs, args.data)))
     else:
         per_row, per_run = runs_table(args.rows)
         print(table(["classifier", "seeds (valid accuracy %)", "mean ± sd", "training min (longest)"], per_row))
