@@ -179,17 +179,13 @@ def encode_texts(
 def prepare_classification(
     cfg: DataConfig, out_dir: str | Path, *, force: bool = False, vocabulary: str | Path | None = None
 ) -> dict[str, Any]:
-    """``transduce prepare`` for ``data.task: classify`` (see the module docstring).
+    """``transduce prepare`` for ``data.task: classify`` (see the module docstring): the labelled texts prepared by
+    :func:`~transduce.data.texts.prepare_texts` (``cfg``, ``out_dir`` and ``force`` are its arguments; it returns
+    the manifest).
 
     Args:
-        cfg: the data section.
-        out_dir: the prepared directory to create (atomically: nothing is left on failure).
-        force: rebuild even when ``out_dir`` already holds this preparation.
         vocabulary: a pretrained model's vocabulary directory to encode with (its source side) instead of training
             a SentencePiece model on the texts.
-
-    Returns:
-        The manifest (also written to ``out_dir/manifest.json``).
 
     Raises:
         DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.

@@ -197,15 +197,9 @@ def check_prepared(prepared: Path, cfg: DataConfig) -> None:
 
 
 def prepare_mlm(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
-    """``transduce prepare`` for ``data.task: mlm`` (see the module docstring).
-
-    Args:
-        cfg: the data section.
-        out_dir: the prepared directory to create (atomically: nothing is left on failure).
-        force: rebuild even when ``out_dir`` already holds this preparation.
-
-    Returns:
-        The manifest (also written to ``out_dir/manifest.json``).
+    """``transduce prepare`` for ``data.task: mlm`` (see the module docstring): the texts prepared by
+    :func:`~transduce.data.texts.prepare_texts` (``cfg``, ``out_dir`` and ``force`` are its arguments; it returns
+    the manifest), encoded with ``data.vocabulary``'s vocabulary where it is set.
 
     Raises:
         DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.
