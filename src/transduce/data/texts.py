@@ -85,10 +85,14 @@ class Reservoir:
     memory bounded by the sample, not the corpus)."""
 
     def __init__(self, size: int) -> None:
-        self.size, self.texts, self.seen = size, [], 0
+        self.size = size
+        self.texts: list[str] = []  # the sample
+        self.seen = 0  # texts offered so far
         self._rng = random.Random(SAMPLE_SEED)
 
     def offer(self, text: str) -> None:
+        """Keep ``text``: always while the sample is not full, then with probability ``size / seen`` in place of a
+        uniformly chosen kept one."""
         self.seen += 1
         if len(self.texts) < self.size:
             self.texts.append(text)
