@@ -47,6 +47,7 @@ An empty (or blank) sentence translates to an empty string, in place, without ru
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from importlib import resources
 from typing import Any
@@ -189,11 +190,9 @@ def create_app(
         max_attention_values: /attention: most attention values in an answer, layers x heads x target x source
             pieces (413 beyond; about 8 bytes of JSON each).
     """
-    positive = [("max_sentences", max_sentences), ("max_chars", max_chars), ("max_body_bytes", max_body_bytes)]
-    positive += [("max_attention_tokens", max_attention_tokens), ("max_attention_values", max_attention_values)]
-    for name, value in [*positive, ("max_beam", max_beam)]:
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    check_limits(max_sentences=max_sentences, max_chars=max_chars, max_body_bytes=max_body_bytes,
+                 max_attention_tokens=max_attention_tokens, max_attention_values=max_attention_values,
+                 max_beam=max_beam)  # fmt: skip
     limits = {
         "max_sentences": max_sentences,
         "max_chars": max_chars,
@@ -235,12 +234,6 @@ def create_app(
         detail = [{"type": "value_error", "loc": ["body"], "msg": message, "input": options}]
         return JSONResponse({"error": message, "detail": detail}, status_code=422)
 
-    def check_sizes(sentences: list[tuple[str, str]]) -> JSONResponse | None:
-        for what, text in sentences:
-            if len(text) > max_chars:
-                return json_error(413, f"{what} is too long: {len(text)} characters > max_chars {max_chars}")
-        return None
-
     def attention_size(sentence: str, target: str | None) -> str | None:
         """Why the attention of ``sentence`` and ``target`` (None: not known yet) is too large to answer, or None:
         the pieces :meth:`Translator.attention` would draw, counted with the translator's own tokenizer."""
@@ -265,10 +258,9 @@ def create_app(
     async def translate(body: TranslateRequest) -> Any:  # type: ignore[valid-type]
         """Translate sentences (one translation per sentence, in input order); requests are batched together."""
         sentences: list[str] = body.sentences  # type: ignore[attr-defined]
-        if len(sentences) > max_sentences:
-            return json_error(413, f"too many sentences: {len(sentences)} > max_sentences {max_sentences}")
-        if too_long := check_sizes([(f"sentence {i}", s) for i, s in enumerate(sentences, start=1)]):
-            return too_long
+        named = ((f"sentence {i}", s) for i, s in enumerate(sentences, start=1))
+        if too_large := too_many("sentences", len(sentences), max_sentences) or too_long(named, max_chars):
+            return too_large
         options = body.model_dump(exclude={"sentences"}, exclude_none=True)  # type: ignore[attr-defined]
         if bad := check_options(options):
             return bad
@@ -287,8 +279,8 @@ def create_app(
         """The encoder-decoder attention of one sentence and its translation (or the given target)."""
         sentence, target = body.sentence, body.target  # type: ignore[attr-defined]
         texts = [("sentence", sentence)] + ([("target", target)] if target is not None else [])
-        if too_long := check_sizes(texts):
-            return too_long
+        if too_large := too_long(texts, max_chars):
+            return too_large
         options = body.model_dump(exclude={"sentence", "target"}, exclude_none=True)  # type: ignore[attr-defined]
         if bad := check_options(options):
             return bad
@@ -360,6 +352,29 @@ def base_app(batcher: Batcher, summary: str, max_body_bytes: int) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     return app
+
+
+def check_limits(**limits: int) -> None:
+    """Raise ValueError naming the first of a server's ``limits`` (keyword: name and value) that is below 1."""
+    for name, value in limits.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def too_many(what: str, count: int, max_sentences: int) -> JSONResponse | None:
+    """413 for a request of ``count`` texts (``what``: "sentences", "texts") when that is over ``max_sentences``."""
+    if count > max_sentences:
+        return json_error(413, f"too many {what}: {count} > max_sentences {max_sentences}")
+    return None
+
+
+def too_long(texts: Iterable[tuple[str, str]], max_chars: int) -> JSONResponse | None:
+    """413 naming the first of the ``(name, text)`` pairs whose text has more than ``max_chars`` characters, or
+    None."""
+    for name, text in texts:
+        if len(text) > max_chars:
+            return json_error(413, f"{name} is too long: {len(text)} characters > max_chars {max_chars}")
+    return None
 
 
 def _model_info(translator: Any) -> dict[str, Any]:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 import torch.distributed as tdist
+from torch import Tensor
 
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, read_lines, read_manifest
@@ -80,6 +82,33 @@ def validation_loss(
     loss_sum, nll_sum, total = all_reduce_sum([loss_sum, nll_sum, float(tokens)], device)
     total = max(total, 1.0)
     return loss_sum / total, nll_sum / total, int(total)
+
+
+def label_validation(
+    outputs: Iterable[tuple[Tensor, Tensor]], loss_sums: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    device: torch.device,
+) -> ValidResult:  # fmt: skip
+    """Loss, negative log-likelihood and accuracy per label of a model that predicts one label per example (a
+    classifier's class, a masked language model's original piece at a chosen position), every rank's share combined.
+
+    Args:
+        outputs: this rank's ``(logits, labels)`` batches, logits ``(N, C)`` and labels ``(N,)``.
+        loss_sums: ``(loss_sum, nll_sum)`` of a batch's logits and labels, as 0-d tensors.
+
+    Returns:
+        ``tokens``: the labels counted; ``accuracy``: the percentage of them that are the best-scored.
+    """
+    loss_sum = nll_sum = correct = count = 0.0
+    for logits, labels in outputs:
+        loss, nll = loss_sums(logits, labels)
+        loss_sum += loss.item()
+        nll_sum += nll.item()
+        correct += float((logits.argmax(dim=-1) == labels).sum())
+        count += len(labels)
+    loss_sum, nll_sum, correct, count = all_reduce_sum([loss_sum, nll_sum, correct, count], device)
+    n = max(count, 1.0)
+    return ValidResult(loss=loss_sum / n, nll=nll_sum / n, ppl=math.exp(min(nll_sum / n, 100.0)), tokens=int(count),
+                       accuracy=100.0 * correct / n)  # fmt: skip
 
 
 def read_references(dataset: ParallelDataset, tokenizer: Vocabulary) -> tuple[list[str], str]:

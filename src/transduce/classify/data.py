@@ -23,43 +23,32 @@ The prepared directory has the layout of a translation one (:mod:`transduce.data
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import os
-import random
-import shutil
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sentencepiece
 import torch
 
-import transduce
 from transduce.config import DataConfig
 from transduce.data.batch import _pad
-from transduce.data.binary import ParallelDataset, SplitWriter, ids_dtype, split_files
+from transduce.data.binary import ParallelDataset
 from transduce.data.corpus import corpus_format
-from transduce.data.output import make_temp_dir, read_json
+from transduce.data.preparation import file_record
 from transduce.data.sampler import TokenBatchSampler
+from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, prepare_texts, text_corpora
 from transduce.errors import DataError
-from transduce.special import EOS_ID, PAD_ID, SPECIAL_IDS
-from transduce.textio import decode_line, iter_raw_lines, sha256_file
-from transduce.tokenizer import Tokenizer, Vocabulary
+from transduce.special import EOS_ID, PAD_ID
+from transduce.textio import decode_line, iter_raw_lines
+from transduce.tokenizer import Vocabulary
 from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
-
-FORMAT, VERSION = "transduce-prepared", 1  # the translation format, with labels (transduce.data.preparation)
-CHUNK_LINES = 4096  # lines encoded at a time
-SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
-# DataConfig fields that change a classification preparation
-_OPTION_KEYS = ("vocab_type", "vocab_size", "character_coverage", "input_sentence_size", "lowercase", "max_len")
 
 
 @dataclass(frozen=True)
@@ -140,7 +129,7 @@ class LabelledCorpus:
 
     def record(self) -> dict[str, Any]:
         """How the corpus is read and its file's identity, for the manifest (the shape of a translation record)."""
-        file = {"path": str(self.path.resolve()), "bytes": self.path.stat().st_size, "sha256": sha256_file(self.path)}
+        file = file_record(self.path)
         fields = [self.label_field, self.text_field, self.text2_field]
         return {"format": self.format, "fields": fields, "src": file, "tgt": dict(file)}
 
@@ -164,18 +153,8 @@ def resolve_corpus(key: str, spec: str | list[str], cfg: DataConfig) -> Labelled
 
 def corpora(cfg: DataConfig) -> dict[str, LabelledCorpus]:
     """The corpora of the data section by split name: ``train``, ``valid`` and one per test file (its name)."""
-    if not cfg.train:
-        raise DataError("no training corpus: set data.train (--train FILE.tsv or FILE.jsonl)")
-    out = {"train": resolve_corpus("data.train", cfg.train, cfg)}
-    if cfg.valid:
-        out["valid"] = resolve_corpus("data.valid", cfg.valid, cfg)
-    for spec in cfg.test:
-        corpus = resolve_corpus("data.test", spec, cfg)
-        name = corpus.path.name.removesuffix(".gz").rsplit(".", 1)[0]
-        if name in out:
-            raise DataError(f"test set {corpus.path}: the split name {name!r} is already taken; rename the file")
-        out[name] = corpus
-    return out
+    return text_corpora(cfg, lambda key, spec: resolve_corpus(key, spec, cfg), lambda corpus: corpus.path,
+                        "--train FILE.tsv or FILE.jsonl")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -200,101 +179,51 @@ def encode_texts(
 def prepare_classification(
     cfg: DataConfig, out_dir: str | Path, *, force: bool = False, vocabulary: str | Path | None = None
 ) -> dict[str, Any]:
-    """``transduce prepare`` for ``data.task: classify`` (see the module docstring).
+    """``transduce prepare`` for ``data.task: classify`` (see the module docstring): the labelled texts prepared by
+    :func:`~transduce.data.texts.prepare_texts` (``cfg``, ``out_dir`` and ``force`` are its arguments; it returns
+    the manifest).
 
     Args:
-        cfg: the data section.
-        out_dir: the prepared directory to create (atomically: nothing is left on failure).
-        force: rebuild even when ``out_dir`` already holds this preparation.
         vocabulary: a pretrained model's vocabulary directory to encode with (its source side) instead of training
             a SentencePiece model on the texts.
-
-    Returns:
-        The manifest (also written to ``out_dir/manifest.json``).
 
     Raises:
         DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.
     """
-    from transduce.data.preparation import earlier_preparation, install_prepared
-
-    started = time.perf_counter()
-    out_dir = Path(out_dir)
     splits = corpora(cfg)
-    options: dict[str, Any] = {"task": "classify", **{key: getattr(cfg, key) for key in _OPTION_KEYS}}
+    given = None
     if vocabulary is not None:
         from transduce.checkpoint import vocab_sha256
 
-        options["vocabulary"] = vocab_sha256(vocabulary)
-    inputs = {split: corpus.record() for split, corpus in splits.items()}
-    existing = earlier_preparation(out_dir, options, inputs, force=force)
-    if existing is not None:
-        return existing
-    labels, lines, sample = _check(splits, cfg.input_sentence_size)  # every fault raised before anything is written
-    tmp = make_temp_dir(out_dir)
-    try:
-        if vocabulary is not None:
-            from transduce.checkpoint import copy_vocab
-
-            copy_vocab(vocabulary, tmp)  # the very files: the run's vocabulary identity is the pretrained one's
-            tok = load_vocabulary(tmp)
-            log.info("encoding with the source vocabulary of %s (%s)", vocabulary, tok)
-        else:
-            log.info("training a %s vocabulary of %d on %d sampled texts", cfg.vocab_type, cfg.vocab_size, len(sample))
-            tok = Tokenizer.train(tmp, sample, vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type,
-                                  lowercase=cfg.lowercase, character_coverage=cfg.character_coverage,
-                                  threads=cfg.workers or os.cpu_count() or 1)  # fmt: skip
-        sep = int(getattr(tok, "eos_id", EOS_ID))
-        dtype = ids_dtype(max(tok.src_vocab_size, len(labels)))
-        info = {split: _encode_split(tmp, split, corpus, tok, labels, cfg.max_len, sep, dtype)
-                for split, corpus in splits.items()}  # fmt: skip
-        for split, entry in info.items():
-            entry["read"] = lines[split]
-            for side in ("src", "tgt"):
-                inputs[split][side]["lines"] = lines[split]
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "transduce_version": transduce.__version__,
-            "sentencepiece_version": sentencepiece.__version__,
-            "task": "classify",
-            "options": options,
-            "inputs": inputs,
-            "special_ids": dict(SPECIAL_IDS),
-            "tokenizer": read_json(tmp / "tokenizer.json"),
-            "dtype": dtype.name,
-            "labels": labels,
-            "splits": info,
-        }
-        install_prepared(tmp, out_dir, manifest, started)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("prepared %s in %.1f s: labels %s", out_dir, manifest["seconds"], ", ".join(labels))
-    return manifest
+        given = GivenVocabulary(vocab_sha256(vocabulary), functools.partial(_given_vocabulary, vocabulary))
+    return prepare_texts(cfg, out_dir, _TASK, splits, vocabulary=given, force=force)
 
 
-def _check(splits: dict[str, LabelledCorpus], sample_size: int) -> tuple[list[str], dict[str, int], list[str]]:
+def _given_vocabulary(vocabulary: str | Path, directory: Path) -> Vocabulary:
+    """A pretrained model's vocabulary, put into ``directory`` and loaded."""
+    from transduce.checkpoint import copy_vocab
+
+    copy_vocab(vocabulary, directory)  # the very files: the run's vocabulary identity is the pretrained one's
+    tok = load_vocabulary(directory)
+    log.info("encoding with the source vocabulary of %s (%s)", vocabulary, tok)
+    return tok
+
+
+def _check(splits: dict[str, LabelledCorpus], sample_size: int) -> Checked:
     """Pass 1: read every corpus to the end; returns the training labels (sorted), each split's line count and a
     uniform sample of at most ``sample_size`` training texts (for the vocabulary; a pair's texts count as two).
 
     Raises:
         DataError: the first fault, naming its file and line; a validation or test label the training corpus lacks.
     """
-    rng = random.Random(SAMPLE_SEED)
-    sample: list[str] = []
-    seen = 0
+    sample = Reservoir(sample_size)
     counts: Counter[str] = Counter()
     lines: dict[str, int] = {}
     for lineno, label, text, text2 in splits["train"].examples():
         counts[label] += 1
         lines["train"] = lineno
         for t in (text, text2) if text2 is not None else (text,):
-            seen += 1  # reservoir sampling: memory bounded by the sample, not the corpus
-            if len(sample) < sample_size:
-                sample.append(t)
-            elif (j := rng.randrange(seen)) < sample_size:
-                sample[j] = t
+            sample.offer(t)
     if not counts:
         raise DataError(f"{splits['train'].path}: no examples")
     labels = sorted(counts)
@@ -312,46 +241,19 @@ def _check(splits: dict[str, LabelledCorpus], sample_size: int) -> tuple[list[st
                                 f"{splits['train'].path} (its labels: {', '.join(labels)})")  # fmt: skip
     log.info("%d labels in %s: %s", len(labels), splits["train"].path,
              ", ".join(f"{label} ({counts[label]})" for label in labels))  # fmt: skip
-    return labels, lines, sample
+    return Checked(lines, sample.texts, labels)
 
 
-def _encode_split(
-    tmp: Path, split: str, corpus: LabelledCorpus, tok: Vocabulary, labels: list[str], max_len: int, sep: int,
-    dtype: np.dtype,
-) -> dict[str, Any]:  # fmt: skip
-    """Pass 2 for one split: encode and append every line; returns the split's manifest entry."""
-    index = {label: i for i, label in enumerate(labels)}
-    writer = SplitWriter(tmp, split, dtype)
-    truncated = 0
-    per_label: Counter[str] = Counter()
+def _encode(tok: Vocabulary, chunk: list[tuple[int, str, str, str | None]]) -> tuple[list[list[int]], list[str]]:
+    """Pass 2: the ids of a chunk of examples (``text <sep> text2`` for pairs: :func:`encode_texts`, untruncated)
+    and their labels."""
+    texts2 = [t2 for *_, t2 in chunk] if chunk[0][3] is not None else None
+    sep = int(getattr(tok, "eos_id", EOS_ID))
+    return encode_texts(tok, [t for _, _, t, _ in chunk], texts2, 1 << 30, sep), [label for _, label, _, _ in chunk]
 
-    def flush(chunk: list[tuple[int, str, str, str | None]]) -> None:
-        nonlocal truncated
-        texts2 = [t2 for *_, t2 in chunk] if chunk[0][3] is not None else None
-        full = encode_texts(tok, [t for _, _, t, _ in chunk], texts2, 1 << 30, sep)
-        truncated += sum(len(ids) > max_len for ids in full)
-        ids = [s[:max_len] for s in full]
-        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter((i for s in ids for i in s), dtype=np.int64, count=int(lens.sum()))
-        classes = np.asarray([index[label] for _, label, _, _ in chunk], dtype=np.int64)
-        per_label.update(label for _, label, _, _ in chunk)
-        lines = np.asarray([lineno - 1 for lineno, *_ in chunk], dtype=np.int64)
-        writer.append(lines, flat, lens, classes, np.ones(len(chunk), dtype=np.int64))
 
-    chunk: list[tuple[int, str, str, str | None]] = []
-    for example in corpus.examples():
-        chunk.append(example)
-        if len(chunk) == CHUNK_LINES:
-            flush(chunk)
-            chunk = []
-    if chunk:
-        flush(chunk)
-    info = writer.close()
-    kind = "train" if split == "train" else "valid" if split == "valid" else "test"
-    log.info("%s: %d examples (%s), %d truncated to %d pieces", split, info["pairs"],
-             ", ".join(f"{per_label[label]} {label}" for label in labels), truncated, max_len)  # fmt: skip
-    counts = {"truncated": truncated, "labels": {label: per_label[label] for label in labels}}
-    return {**info, "kind": kind, "counts": counts, "files": split_files(split)}
+_TASK = TextTask("classify", record=LabelledCorpus.record, check=_check, lines=LabelledCorpus.examples,
+                 encode=_encode)  # fmt: skip
 
 
 def prepared_labels(prepared_dir: str | Path) -> list[str]:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from transduce.asgi import json_error
 from transduce.batching import Batcher
-from transduce.serve import ErrorResponse, ValidationErrorResponse, base_app
+from transduce.serve import ErrorResponse, ValidationErrorResponse, base_app, check_limits, too_long, too_many
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,7 @@ def create_classifier_app(
         batch_wait_ms: the batching window: how long to wait for more requests after the first one.
         max_batch_sentences: most texts collected into one batch.
     """
-    for name, value in (("max_sentences", max_sentences), ("max_chars", max_chars), ("max_body_bytes",
-                        max_body_bytes)):  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    check_limits(max_sentences=max_sentences, max_chars=max_chars, max_body_bytes=max_body_bytes)
     limits = {"max_sentences": max_sentences, "max_chars": max_chars, "max_body_bytes": max_body_bytes,
               "batch_wait_ms": batch_wait_ms, "max_batch_sentences": max_batch_sentences}  # fmt: skip
 
@@ -107,12 +104,10 @@ def create_classifier_app(
         """Classify texts (one label and one set of probabilities per text, in input order); requests are batched
         together."""
         texts, texts2 = body.texts, body.texts2
-        if len(texts) > max_sentences:
-            return json_error(413, f"too many texts: {len(texts)} > max_sentences {max_sentences}")
-        for name, given in (("texts", texts), ("texts2", texts2 or [])):
-            for i, text in enumerate(given):
-                if len(text) > max_chars:
-                    return json_error(413, f"{name}[{i}] is too long: {len(text)} characters > max_chars {max_chars}")
+        named = ((f"{name}[{i}]", text) for name, given in (("texts", texts), ("texts2", texts2 or []))
+                 for i, text in enumerate(given))  # fmt: skip
+        if too_large := too_many("texts", len(texts), max_sentences) or too_long(named, max_chars):
+            return too_large
         if problem := _problem(classifier, texts, texts2):
             loc, message = problem
             detail = [{"type": "value_error", "loc": ["body", *loc], "msg": message}]

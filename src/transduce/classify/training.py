@@ -9,7 +9,7 @@ plain cross-entropy).
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -17,8 +17,8 @@ from torch import Tensor
 from transduce.classify.data import ClassBatch, batch_sampler, collate_classes
 from transduce.config import Config
 from transduce.data import ParallelDataset
-from transduce.distributed import Dist, all_reduce_sum
-from transduce.validate import ValidResult
+from transduce.distributed import Dist
+from transduce.validate import ValidResult, label_validation
 
 
 def loss_sums(logits: Tensor, labels: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -56,20 +56,16 @@ def validate(model: torch.nn.Module, dataset: ParallelDataset, config: Config, d
     sampler = batch_sampler(dataset, config.train.max_tokens, cls=config.model.pooling == "cls", seed=0,
                             shuffle=False, rank=dist.rank, world_size=dist.world_size)  # fmt: skip
     make = collate(config)
-    loss_sum = nll_sum = correct = examples = 0.0
-    for indices in sampler.iter_from(0):
-        batch: ClassBatch = make([dataset[i] for i in indices]).to(device)
-        with autocast():
-            logits = model(batch.src)
-        loss, nll = loss_sums(logits, batch.labels, config.train.label_smoothing)
-        loss_sum += loss.item()
-        nll_sum += nll.item()
-        correct += float((logits.argmax(dim=-1) == batch.labels).sum())
-        examples += len(batch)
-    loss_sum, nll_sum, correct, examples = all_reduce_sum([loss_sum, nll_sum, correct, examples], device)
-    n = max(examples, 1.0)
-    return ValidResult(loss=loss_sum / n, nll=nll_sum / n, ppl=math.exp(min(nll_sum / n, 100.0)), tokens=int(examples),
-                       accuracy=100.0 * correct / n)  # fmt: skip
+
+    def outputs() -> Iterator[tuple[Tensor, Tensor]]:
+        for indices in sampler.iter_from(0):
+            batch: ClassBatch = make([dataset[i] for i in indices]).to(device)
+            with autocast():
+                logits = model(batch.src)  # (B, C)
+            yield logits, batch.labels
+
+    eps = config.train.label_smoothing
+    return label_validation(outputs(), lambda logits, labels: loss_sums(logits, labels, eps), device)
 
 
 __all__ = ["collate", "loss_sums", "training_batches", "validate"]

@@ -440,11 +440,14 @@ def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
 
 
 def _describe(corpus: Corpus) -> dict[str, Any]:
-    def file(path: Path) -> dict[str, Any]:
-        return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    src = file_record(corpus.src)
+    return {**corpus.record(), "src": src, "tgt": dict(src) if corpus.single_file else file_record(corpus.tgt)}
 
-    src = file(corpus.src)
-    return {**corpus.record(), "src": src, "tgt": dict(src) if corpus.single_file else file(corpus.tgt)}
+
+def file_record(path: Path) -> dict[str, Any]:
+    """A corpus file's identity in the manifest: its path, size and SHA-256 (what :func:`earlier_preparation`
+    compares)."""
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _fingerprint(manifest: dict[str, Any]) -> tuple:

@@ -24,15 +24,11 @@ The prepared directory has the layout of a translation one (:mod:`transduce.data
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
-import os
-import random
-import shutil
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,27 +36,22 @@ import numpy as np
 import sentencepiece
 import torch
 
-import transduce
 from transduce.config import DataConfig
 from transduce.data.batch import _pad
-from transduce.data.binary import ParallelDataset, SplitWriter, ids_dtype, split_files
-from transduce.data.output import make_temp_dir, read_json
+from transduce.data.binary import ParallelDataset
+from transduce.data.preparation import file_record
 from transduce.data.sampler import TokenBatchSampler
+from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, prepare_texts, text_corpora
 from transduce.errors import DataError
 from transduce.mlm.masking import MaskedText, Masker
-from transduce.special import EOS_ID, PAD_ID, SPECIAL_IDS
-from transduce.textio import decode_line, iter_raw_lines, resolve_corpus_file, sha256_file
+from transduce.special import EOS_ID, PAD_ID
+from transduce.textio import decode_line, iter_raw_lines, resolve_corpus_file
 from transduce.tokenizer import TOKENIZER_FILE, Tokenizer, Vocabulary
 from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
-FORMAT, VERSION = "transduce-prepared", 1  # the translation format, with an empty target side
-CHUNK_LINES = 4096  # lines encoded at a time
-SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
 VALID_SEED = 20190524  # the validation masking's seed: the same masking at every validation of every run
-# DataConfig fields that change a masked-LM preparation
-_OPTION_KEYS = ("vocab_type", "vocab_size", "character_coverage", "input_sentence_size", "lowercase", "max_len")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -93,18 +84,8 @@ def resolve_corpus(key: str, spec: str | list[str], cfg: DataConfig) -> Path:
 
 def corpora(cfg: DataConfig) -> dict[str, Path]:
     """The text files of the data section by split name: ``train``, ``valid`` and one per test file (its name)."""
-    if not cfg.train:
-        raise DataError("no training corpus: set data.train (--train FILE.txt, or a prefix with --src-lang)")
-    out = {"train": resolve_corpus("data.train", cfg.train, cfg)}
-    if cfg.valid:
-        out["valid"] = resolve_corpus("data.valid", cfg.valid, cfg)
-    for spec in cfg.test:
-        path = resolve_corpus("data.test", spec, cfg)
-        name = path.name.removesuffix(".gz").rsplit(".", 1)[0]
-        if name in out:
-            raise DataError(f"test set {path}: the split name {name!r} is already taken; rename the file")
-        out[name] = path
-    return out
+    return text_corpora(cfg, lambda key, spec: resolve_corpus(key, spec, cfg), lambda path: path,
+                        "--train FILE.txt, or a prefix with --src-lang")  # fmt: skip
 
 
 def texts(path: Path) -> Iterator[tuple[int, str]]:
@@ -122,7 +103,7 @@ def texts(path: Path) -> Iterator[tuple[int, str]]:
 
 def _record(path: Path) -> dict[str, Any]:
     """How the corpus is read and its file's identity, for the manifest (the shape of a translation record)."""
-    file = {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    file = file_record(path)
     return {"format": "text", "src": file, "tgt": dict(file)}
 
 
@@ -216,125 +197,55 @@ def check_prepared(prepared: Path, cfg: DataConfig) -> None:
 
 
 def prepare_mlm(cfg: DataConfig, out_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
-    """``transduce prepare`` for ``data.task: mlm`` (see the module docstring).
-
-    Args:
-        cfg: the data section.
-        out_dir: the prepared directory to create (atomically: nothing is left on failure).
-        force: rebuild even when ``out_dir`` already holds this preparation.
-
-    Returns:
-        The manifest (also written to ``out_dir/manifest.json``).
+    """``transduce prepare`` for ``data.task: mlm`` (see the module docstring): the texts prepared by
+    :func:`~transduce.data.texts.prepare_texts` (``cfg``, ``out_dir`` and ``force`` are its arguments; it returns
+    the manifest), encoded with ``data.vocabulary``'s vocabulary where it is set.
 
     Raises:
         DataError: bad input (see the module docstring), or an ``out_dir`` that cannot be replaced safely.
     """
-    from transduce.data.preparation import earlier_preparation, install_prepared
-
-    started = time.perf_counter()
-    out_dir = Path(out_dir)
     splits = corpora(cfg)
-    options: dict[str, Any] = {"task": "mlm", **{key: getattr(cfg, key) for key in _OPTION_KEYS}}
-    source = vocabulary_source(cfg.vocabulary) if cfg.vocabulary else None
-    if source is not None:
-        options["vocabulary"] = vocabulary_identity(source, cfg.lowercase)
-    inputs = {split: _record(path) for split, path in splits.items()}
-    existing = earlier_preparation(out_dir, options, inputs, force=force)
-    if existing is not None:
-        return existing
-    lines, sample = _check(splits, cfg.input_sentence_size)  # every fault raised before anything is written
-    tmp = make_temp_dir(out_dir)
-    try:
-        if source is not None:
-            tok = _write_vocabulary(source, tmp, cfg.lowercase)
-            log.info("encoding with the vocabulary of %s (%s)", cfg.vocabulary, tok)
-        else:
-            log.info("training a %s vocabulary of %d on %d sampled texts", cfg.vocab_type, cfg.vocab_size, len(sample))
-            tok = Tokenizer.train(tmp, sample, vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type,
-                                  lowercase=cfg.lowercase, character_coverage=cfg.character_coverage,
-                                  threads=cfg.workers or os.cpu_count() or 1)  # fmt: skip
-        dtype = ids_dtype(tok.src_vocab_size)
-        info = {split: _encode_split(tmp, split, path, tok, cfg.max_len, dtype) for split, path in splits.items()}
-        for split, entry in info.items():
-            entry["read"] = lines[split]
-            for side in ("src", "tgt"):
-                inputs[split][side]["lines"] = lines[split]
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "transduce_version": transduce.__version__,
-            "sentencepiece_version": sentencepiece.__version__,
-            "task": "mlm",
-            "options": options,
-            "inputs": inputs,
-            "special_ids": dict(SPECIAL_IDS),
-            "tokenizer": read_json(tmp / "tokenizer.json"),
-            "dtype": dtype.name,
-            "splits": info,
-        }
-        install_prepared(tmp, out_dir, manifest, started)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("prepared %s in %.1f s: %d training texts", out_dir, manifest["seconds"], info["train"]["pairs"])
-    return manifest
+    given = None
+    if cfg.vocabulary:
+        source = vocabulary_source(cfg.vocabulary)
+        given = GivenVocabulary(vocabulary_identity(source, cfg.lowercase),
+                                functools.partial(_given_vocabulary, source, cfg))  # fmt: skip
+    return prepare_texts(cfg, out_dir, _TASK, splits, vocabulary=given, force=force)
 
 
-def _check(splits: dict[str, Path], sample_size: int) -> tuple[dict[str, int], list[str]]:
+def _given_vocabulary(source: Path, cfg: DataConfig, directory: Path) -> Tokenizer:
+    """``data.vocabulary``'s vocabulary, put into ``directory`` and loaded."""
+    tok = _write_vocabulary(source, directory, cfg.lowercase)
+    log.info("encoding with the vocabulary of %s (%s)", cfg.vocabulary, tok)
+    return tok
+
+
+def _check(splits: dict[str, Path], sample_size: int) -> Checked:
     """Pass 1: read every corpus to the end; returns each split's line count and a uniform sample of at most
     ``sample_size`` training texts (for the vocabulary).
 
     Raises:
         DataError: the first fault, naming its file and line; a corpus without any line.
     """
-    rng = random.Random(SAMPLE_SEED)
-    sample: list[str] = []
+    sample = Reservoir(sample_size)
     lines: dict[str, int] = {}
     for split, path in splits.items():
         lines[split] = 0
         for lineno, text in texts(path):
             lines[split] = lineno
-            if split != "train":
-                continue
-            if len(sample) < sample_size:  # reservoir sampling: memory bounded by the sample, not the corpus
-                sample.append(text)
-            elif (j := rng.randrange(lineno)) < sample_size:
-                sample[j] = text
+            if split == "train":
+                sample.offer(text)
         if not lines[split]:
             raise DataError(f"{path}: no texts (the file is empty)")
-    return lines, sample
+    return Checked(lines, sample.texts)
 
 
-def _encode_split(tmp: Path, split: str, path: Path, tok: Vocabulary, max_len: int, dtype: np.dtype
-                  ) -> dict[str, Any]:  # fmt: skip
-    """Pass 2 for one split: encode and append every line; returns the split's manifest entry."""
-    writer = SplitWriter(tmp, split, dtype)
-    truncated = 0
+def _encode(tok: Vocabulary, chunk: list[tuple[int, str]]) -> tuple[list[list[int]], None]:
+    """Pass 2: the ids of a chunk of texts (the target side is empty)."""
+    return tok.encode_src_batch([text for _, text in chunk]), None
 
-    def flush(chunk: list[tuple[int, str]]) -> None:
-        nonlocal truncated
-        full = tok.encode_src_batch([text for _, text in chunk])
-        truncated += sum(len(ids) > max_len for ids in full)
-        ids = [s[:max_len] for s in full]
-        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter((i for s in ids for i in s), dtype=np.int64, count=int(lens.sum()))
-        lines = np.asarray([lineno - 1 for lineno, _ in chunk], dtype=np.int64)
-        writer.append(lines, flat, lens, np.zeros(0, dtype=np.int64), np.zeros(len(chunk), dtype=np.int64))
 
-    chunk: list[tuple[int, str]] = []
-    for item in texts(path):
-        chunk.append(item)
-        if len(chunk) == CHUNK_LINES:
-            flush(chunk)
-            chunk = []
-    if chunk:
-        flush(chunk)
-    info = writer.close()
-    kind = "train" if split == "train" else "valid" if split == "valid" else "test"
-    log.info("%s: %d texts, %d pieces, %d truncated to %d pieces", split, info["pairs"], info["src_tokens"], truncated,
-             max_len)  # fmt: skip
-    return {**info, "kind": kind, "counts": {"truncated": truncated}, "files": split_files(split)}
+_TASK = TextTask("mlm", record=_record, check=_check, lines=texts, encode=_encode)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

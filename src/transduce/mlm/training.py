@@ -11,18 +11,18 @@ cross-entropy).
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from transduce.config import Config
 from transduce.data import ParallelDataset
-from transduce.distributed import Dist, all_reduce_sum
+from transduce.distributed import Dist
 from transduce.loss import smoothed_nll_sums
 from transduce.mlm.data import FixedMasking, MaskedBatch, MaskedEpochs, batch_sampler, collate_masked
 from transduce.mlm.masking import Masker
-from transduce.validate import ValidResult
+from transduce.validate import ValidResult, label_validation
 
 
 def loss_sums(logits: Tensor, labels: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
@@ -58,20 +58,16 @@ def validate(model: torch.nn.Module, dataset: ParallelDataset, config: Config, d
     sampler = batch_sampler(dataset, config.train.max_tokens, seed=0, shuffle=False, rank=dist.rank,
                             world_size=dist.world_size)  # fmt: skip
     make = collate(config)
-    loss_sum = nll_sum = correct = chosen = 0.0
-    for indices in sampler.iter_from(0):
-        batch: MaskedBatch = make([masked[i] for i in indices]).to(device)
-        with autocast():
-            logits = model(batch.src, batch.masked, batch.positions)  # (N, V)
-        loss, nll = loss_sums(logits, batch.labels, config.train.label_smoothing, config.model.pad_id)
-        loss_sum += loss.item()
-        nll_sum += nll.item()
-        correct += float((logits.argmax(dim=-1) == batch.labels).sum())
-        chosen += batch.n_tgt_tokens
-    loss_sum, nll_sum, correct, chosen = all_reduce_sum([loss_sum, nll_sum, correct, chosen], device)
-    n = max(chosen, 1.0)
-    return ValidResult(loss=loss_sum / n, nll=nll_sum / n, ppl=math.exp(min(nll_sum / n, 100.0)), tokens=int(chosen),
-                       accuracy=100.0 * correct / n)  # fmt: skip
+
+    def outputs() -> Iterator[tuple[Tensor, Tensor]]:
+        for indices in sampler.iter_from(0):
+            batch: MaskedBatch = make([masked[i] for i in indices]).to(device)
+            with autocast():
+                logits = model(batch.src, batch.masked, batch.positions)  # (N, V)
+            yield logits, batch.labels
+
+    eps, pad = config.train.label_smoothing, config.model.pad_id
+    return label_validation(outputs(), lambda logits, labels: loss_sums(logits, labels, eps, pad), device)
 
 
 __all__ = ["collate", "loss_sums", "training_batches", "validate"]
