@@ -34,3 +34,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A standalone checkpoint of a random ``test``-preset model with a real vocabulary (see
     :func:`decodekit.make_checkpoint`), made once per test module."""
     return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(autouse=True)
+def _default_ctrl_c():
+    """Every test starts with Python's own Ctrl-C handler (KeyboardInterrupt), whatever an earlier test in the same
+    worker process left behind: the interruption tests, and the subprocesses they start (which inherit an ignored
+    SIGINT), depend on it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
