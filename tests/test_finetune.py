@@ -333,3 +333,18 @@ def test_a_mixed_fine_tuning_run_resumes(copy_pre: Path, tmp_path: Path):
     again, _, _ = load_model(run)
     assert torch.equal(first.src_embed.weight, again.src_embed.weight)  # still frozen, and not re-initialised
     assert not torch.equal(first.encoder_layers[0].ffn.w1.weight, again.encoder_layers[0].ffn.w1.weight)
+
+
+def test_prepare_encodes_with_the_init_from_vocabulary_that_train_then_reuses(copy_pre: Path, tmp_path: Path, caplog):
+    sentences = czech_sentences(80, seed=5)
+    config = finetune_config(tmp_path / "run", copy_pre, write_pairs(tmp_path / "corpus", sentences, sentences),
+                             max_steps=0, extend_vocab=80)  # fmt: skip
+    config.save(tmp_path / "ft.yaml")
+    prepared = tmp_path / "prepared"
+    assert main(["prepare", "--config", str(tmp_path / "ft.yaml"), "-o", str(prepared)]) == 0
+    # the pretrained vocabulary, extended: the ids of the copy model's pieces are kept, the new pieces come after
+    n = load_vocabulary(load_model(copy_pre)[2]).src_vocab_size
+    assert load_vocabulary(prepared).src_vocab_size > n
+    with caplog.at_level("INFO", logger="transduce.data.preparation"):
+        train(config.replace(data=config.data.replace(prepared=str(prepared))))
+    assert "already holds this preparation (same inputs and options); reusing it" in caplog.text

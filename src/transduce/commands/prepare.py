@@ -17,16 +17,20 @@ data/train.en.gz, and data/train.de[.gz]), a TSV file (NAME.tsv[.gz]: source<TAB
 --tgt-file give the training corpus as two files of any names. With --task classify a corpus is a TSV file of
 label<TAB>text lines or a JSON Lines file (--text-field, --label-field; docs/transfer.md); with --task mlm it is raw
 text, one text per line: a FILE.txt[.gz] or a prefix's --src-lang side, encoded with a learned vocabulary or that of
---vocabulary (docs/transfer.md). Options on the command line override the config file, and dotted KEY=VALUE overrides
-override both.
+--vocabulary (docs/transfer.md). A --config whose train.init_from names a pretrained run or model is encoded with
+that model's vocabulary (extended as train.extend_vocab says), as `transduce train` encodes it, so that train reuses the
+directory. Options on the command line override the config file, and dotted KEY=VALUE overrides override both.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from transduce import finetune
 from transduce.commands.options import (
     add_output_argument,
     non_negative_int,
@@ -134,23 +138,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides (data.max_len=100)")
 
 
-def data_config(args: argparse.Namespace) -> DataConfig:
-    """The :class:`DataConfig` described by the parsed arguments (config file, then flags, then overrides)."""
+def run_config(args: argparse.Namespace) -> Config:
+    """The :class:`Config` described by the parsed arguments (config file, then flags, then overrides)."""
     options = {"data": data_flags(args)}
     if args.config:
-        return Config.load(args.config, args.overrides, options=options).data
-    return Config.resolve({}, args.overrides, options=options).data
+        return Config.load(args.config, args.overrides, options=options)
+    return Config.resolve({}, args.overrides, options=options)
+
+
+def data_config(args: argparse.Namespace) -> DataConfig:
+    """The :class:`DataConfig` described by the parsed arguments (config file, then flags, then overrides)."""
+    return run_config(args).data
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = data_config(args)
+    config = run_config(args)
+    cfg = config.data
     out = args.output or cfg.prepared
     if not out:
         raise ConfigError("no output directory: pass --output DIR or set data.prepared")
     from transduce.files import directories_removed_on_failure
 
-    with directories_removed_on_failure(out):  # the directories made for the output go with it
-        manifest = prepare(cfg, out, force=args.force)
+    with directories_removed_on_failure(out), tempfile.TemporaryDirectory(prefix="transduce-vocab-") as tmp:
+        # a config that starts from another run (train.init_from) is encoded with that run's vocabulary, extended
+        # as train.extend_vocab says, exactly as `transduce train` encodes it: train then reuses this directory
+        vocabulary = finetune.vocabulary(config, Path(tmp), resume=False) if config.train.init_from else None
+        manifest = prepare(cfg, out, force=args.force, vocabulary=vocabulary)
     train = manifest["splits"]["train"]
     log.info("%s: %d training pairs, vocabulary %s", out, train["pairs"], manifest["tokenizer"]["src_vocab_size"])
     return 0
