@@ -8,8 +8,10 @@ import importlib
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,6 +197,24 @@ def test_a_writer_that_takes_a_path_keeps_the_suffix(tmp_path):
         assert tmp.parent == tmp_path and tmp.suffix == ".png" and tmp.name.startswith(".att.tmp-")
         tmp.write_bytes(b"png")
     assert (tmp_path / "att.png").read_bytes() == b"png"
+
+
+def test_a_device_or_pipe_output_is_written_in_place_and_never_replaced(tmp_path):
+    # /dev/null as an output: nothing's same file (stdin redirected from it included), and the node is not
+    # replaced by a regular file (as root, a rename over /dev/null would break the machine's /dev/null)
+    check_outputs([("-i/--input", "/dev/null"), ("--treebank", "-")], [("-o/--output", "/dev/null")])
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    with open_output(fifo) as f:
+        f.write("through the pipe\n")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and os.listdir(tmp_path) == ["pipe"]
+    with replaced_on_success(fifo) as path:
+        assert path == fifo
 
 
 def test_standard_output_streams(capsys):

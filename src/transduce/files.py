@@ -145,8 +145,20 @@ def _identity(path: str, output: bool) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
 
 
+def is_special(path: str | Path) -> bool:
+    """Whether ``path`` (links followed) is a device, a named pipe or a socket: written in place, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def _same(a: tuple[str, bool], b: tuple[str, bool]) -> bool:
-    """Whether two ``(path, is an output)`` name one file; ``"-"`` is standard output or input."""
+    """Whether two ``(path, is an output)`` name one file; ``"-"`` is standard output or input. Writing to a
+    device (``/dev/null``) destroys no input, so a device output is nothing's same file."""
+    if any(output and path != STDIO and is_special(path) for path, output in (a, b)):
+        return False
     if STDIO not in (a[0], b[0]):
         return same_file(a[0], b[0])
     if a == b:  # standard output twice: the verb writes one stream to it, not two files
@@ -174,7 +186,13 @@ def replaced_on_success(path: str | Path) -> Iterator[Path]:
     ``path`` keeps pointing at its file, which is the one replaced. A new file gets the old one's permissions (else
     the usual ones); an old directory is moved aside, the new one renamed into place, then the old one deleted. The
     temporary name keeps the suffix (``.out.tmp-PID-XXXXXXXX.png``), for writers that choose a format by it.
+
+    A ``path`` that is a device, a named pipe or a socket (``/dev/null``, ``/dev/stdout``, a FIFO) cannot be
+    replaced: it is yielded itself and written in place, and the node stays what it was.
     """
+    if is_special(path):
+        yield Path(path)
+        return
     target = Path(os.path.realpath(path))
     created = first_missing(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +227,8 @@ def open_output(path: str | Path, *, encoding: str = "utf-8") -> Iterator[TextIO
         yield sys.stdout
         sys.stdout.flush()
         return
-    with replaced_on_success(path) as tmp, open(tmp, "x", encoding=encoding, newline="\n") as f:
+    with replaced_on_success(path) as tmp, open(tmp, "w" if is_special(tmp) else "x", encoding=encoding,
+                                                newline="\n") as f:  # fmt: skip
         yield f
 
 
