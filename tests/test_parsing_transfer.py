@@ -178,5 +178,6 @@ def test_the_transfer_config_is_ptb_parse_with_a_pretrained_encoder():
     differ = lambda section: {k for k in base[section] if ours[section][k] != base[section][k]}  # noqa: E731
     assert differ("model") == {"encoder_layers", "d_model", "d_ff", "heads", "norm"}  # (left to the pretrained model)
     assert differ("data") == {"vocab_size"} and differ("decode") == set()
-    assert differ("train") == {"run_dir", "init_from"}  # the same budget: max_steps, max_minutes, decay_by time
+    assert differ("train") == {"run_dir", "init_from", "pretrained_lr_scale"}  # the same budget: max_steps,
+    assert ours["train"]["pretrained_lr_scale"] == 1.0  # max_minutes, decay_by time; the encoder at the full rate
     assert ours["model"]["decoder_layers"] == 3 and ours["train"]["init_from"] == "runs/multi30k_en_de"
