@@ -363,11 +363,11 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
         pad_token_id=c.pad_id,
         forced_eos_token_id=c.eos_id,
         num_beams=d.beam,
-        length_penalty=d.length_penalty,
-        early_stopping=d.early_stopping,  # True: stop at num_beams finished hypotheses, as our early_stopping
         max_length=min(512, c.max_positions),  # as opus-mt; Hugging Face's default of 20 cuts translations short
         bad_words_ids=bad,
-    )
+        # beam settings only with a beam: transformers refuses to save them beside num_beams 1 (greedy decoding)
+        **(dict(length_penalty=d.length_penalty, early_stopping=d.early_stopping) if d.beam > 1 else {}),
+    )  # early_stopping True: stop at num_beams finished hypotheses, as our early_stopping
     staging = out.parent / f".{out.name}.export-tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
