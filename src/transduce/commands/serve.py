@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         translator = load_translator(args)
         translator.decode = decode_config(args, translator.decode)
+        if translator.decode.tgt_lang:  # the requests' default (--tgt-lang) must be one of the model's languages
+            translator.language_ids(translator.decode.tgt_lang, 1)
         models = {"translator": translator}
         limits.update(max_beam=args.max_beam, max_attention_tokens=args.max_attention_tokens,
                       max_attention_values=args.max_attention_values)  # fmt: skip

@@ -8,6 +8,7 @@ Examples:
   transduce translate --model runs/multi30k --interactive                # each line answered as it is typed
   transduce translate --model runs/multi30k -i test.tsv                  # the source column (source<TAB>target)
   transduce translate --model runs/hf -i test.jsonl --src-field translation.en   # a JSON Lines field, as prepare
+  transduce translate --model runs/multi30k_en_defrcs --tgt-lang fr < test.en    # a multilingual model's language
 
 Input is read as UTF-8 and split on "\\n" only; a byte that is not UTF-8 is an error naming the line, unless
 --replace-invalid. An empty line gives an empty line. A line longer than --max-input-tokens subword tokens is split
@@ -58,6 +59,7 @@ _DECODE_OPTIONS = {
     "top_p": "top_p",
     "seed": "seed",
     "max_tokens": "max_tokens",
+    "tgt_lang": "tgt_lang",
 }
 #: options that only sampling reads: given without sampling they would change nothing
 _SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
@@ -86,6 +88,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     --model may be given several times, for an ensemble: ``args.model`` is a list."""
     add_loading_arguments(parser)
     g = parser.add_argument_group("decoding (default: the run's decode config)")
+    g.add_argument(
+        "--tgt-lang", metavar="LANG",
+        help="a multilingual model's target language, fr or fra (its token, e.g. >>fra<<, goes before every source; "
+        "default: the run's decode.tgt_lang; serve: the requests' default)",
+    )  # fmt: skip
     g.add_argument("--beam", type=positive_int, metavar="K", help="beam size; 1 is greedy")
     g.add_argument("--length-penalty", type=non_negative_float, metavar="ALPHA", help="length penalty alpha; 0: off")
     g.add_argument(
@@ -212,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     check_file_output(args.output, "-o/--output")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode)
+    translator.language_ids(None, 1, cfg)  # a missing or unknown target language (--tgt-lang): before any output
     terminal = args.input == "-" and _is_terminal(sys.stdin)
     interactive = args.interactive or terminal
     if terminal:
