@@ -127,16 +127,15 @@ class TargetLanguages:
             LanguageError: naming ``where``: a malformed or unknown code, a code for a model without tokens, no code
                 (and no default) for a model with tokens.
         """
-        if code is None or code == "":
+        code = code or self.default
+        if not code:
             if not self.tokens:
                 return None
-            if not self.default:
-                known = ", ".join(self.codes())
-                raise LanguageError(
-                    f"{where}: missing: this model writes {len(self.tokens)} target languages ({known}); name one "
-                    '(--tgt-lang, tgt_lang=, the request\'s "tgt_lang") or set decode.tgt_lang'
-                )
-            code = self.default
+            known = ", ".join(self.codes())
+            raise LanguageError(
+                f"{where}: missing: this model writes {len(self.tokens)} target languages ({known}); name one "
+                '(--tgt-lang, tgt_lang=, the request\'s "tgt_lang") or set decode.tgt_lang'
+            )
         bare = check_code(code, where)
         if not self.tokens:
             raise LanguageError(f"{where}: {code!r}: this model has no target-language tokens (it writes one language);"

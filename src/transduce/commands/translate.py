@@ -31,6 +31,7 @@ from transduce.commands.options import (
     add_output_argument,
     add_source_input_arguments,
     check_file_output,
+    language_code,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -89,7 +90,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_loading_arguments(parser)
     g = parser.add_argument_group("decoding (default: the run's decode config)")
     g.add_argument(
-        "--tgt-lang", metavar="LANG",
+        "--tgt-lang", metavar="LANG", type=language_code,
         help="a multilingual model's target language, fr or fra (its token, e.g. >>fra<<, goes before every source; "
         "default: the run's decode.tgt_lang; serve: the requests' default)",
     )  # fmt: skip
@@ -184,9 +185,38 @@ def load_translator(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_target_language(args.model[0], getattr(args, "tgt_lang", None))
     quantize = "int8" if getattr(args, "int8", False) else None
     return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens, quantize=quantize,
                            precision=args.precision)  # fmt: skip
+
+
+def check_target_language(path: str, tgt_lang: str | None) -> None:
+    """Before the model at ``path`` is loaded: refuse a ``--tgt-lang`` its vocabulary has no token for (or any, for a
+    model of one target language), and a missing one where the model has tokens and its run no ``decode.tgt_lang``.
+    A model that cannot be read is left to the loading, which names the problem.
+
+    Raises:
+        transduce.langs.LanguageError: in one line (see :meth:`transduce.langs.TargetLanguages.token_id`).
+    """
+    from transduce import checkpoint as ckpt
+    from transduce.errors import TransduceError
+    from transduce.interop.marian import is_marian_dir
+    from transduce.langs import TargetLanguages
+    from transduce.vocab import load_vocabulary
+
+    try:
+        if is_marian_dir(path):
+            from transduce.interop.marian_vocab import MarianVocab
+
+            vocab, default = MarianVocab.from_pretrained(path), ""
+        else:
+            checkpoint = ckpt.resolve(path)
+            vocab = load_vocabulary(ckpt.vocab_dir_of(checkpoint))
+            default = ckpt.read_info(checkpoint).config.decode.tgt_lang
+    except (TransduceError, OSError):
+        return
+    TargetLanguages(vocab.lang_tokens(), tgt_lang or default).token_id(None)
 
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
