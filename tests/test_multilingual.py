@@ -486,3 +486,22 @@ def test_an_imported_multilingual_marian_model_maps_tgt_lang_to_its_tokens(tmp_p
                 assert imported.translate(text, tgt_lang=code, **options) == expected
     with pytest.raises(LanguageError, match="missing"):
         imported.translate(text)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the Multi30k config
+
+
+@pytest.mark.shared
+def test_the_multi30k_config_names_files_that_exist(monkeypatch):
+    from transduce.data.preparation import _corpora
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root.parent / "shared" / "data" / "multi30k" / "train.cs.gz").is_file():
+        pytest.skip("Multi30k not found at ../shared/data/multi30k beside the checkout")
+    monkeypatch.chdir(root)
+    corpora = _corpora(Config.load(root / "configs" / "multi30k_en_defrcs.yaml").data)
+    assert set(corpora) == {"train", "valid", "test_2016_flickr"}
+    for parts in corpora.values():
+        assert [p.lang for p in parts] == ["de", "fr", "cs"]
+        assert len({p.src for p in parts}) == 1  # one English side for the three languages
