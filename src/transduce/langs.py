@@ -6,11 +6,11 @@ German. The token is one piece of the vocabulary (a SentencePiece user-defined p
 ``vocab.json`` in a Marian vocabulary): it is put before the source's pieces by id, never segmented, and the search
 never generates it (``model.suppress_ids``).
 
-Codes. A language is named by an ISO 639-1 (``fr``) or ISO 639-3 code (``fra``), optionally with a script
-(``zho_Hans``). :data:`ISO639` pairs the two forms for the languages OPUS-MT and Multi30k use, so that ``fr`` and
-``fra`` name one language; a code outside the table stands for itself. A new token takes the ISO 639-3 form where
-the table knows it (``fr`` -> ``>>fra<<``, as OPUS-MT writes them), else the code as given; a vocabulary that already
-holds a token for the language (``>>fr<<`` or ``>>fra<<``) keeps it.
+Codes. A language is named by an ISO 639-1 (``fr``) or ISO 639-3 code (``fra``), optionally with a script or
+region (``zho_Hans``, ``pt_BR``). :data:`ISO639` pairs the two forms for the languages OPUS-MT and Multi30k use, so
+that ``fr`` and ``fra`` name one language; a code outside the table stands for itself. A new token takes the ISO
+639-3 form where the table knows it (``fr`` -> ``>>fra<<``, as OPUS-MT writes them), else the code as given; a
+vocabulary that already holds a token for the language (``>>fr<<`` or ``>>fra<<``) keeps it.
 
     langs = TargetLanguages.of(vocab)      # the tokens a vocabulary holds
     langs.token_id("fr")                   # the id of >>fra<< (or >>fr<<); an error naming the known ones otherwise
@@ -35,7 +35,7 @@ ISO639 = {
     "vi": "vie", "zh": "zho",
 }  # fmt: skip
 _ISO639_1 = {three: two for two, three in ISO639.items()}
-_CODE = re.compile(r"[a-z]{2,3}(_[A-Z][a-z]{3})?")  # ISO 639-1 or -3, optionally _Script (ISO 15924)
+_CODE = re.compile(r"[a-z]{2,3}(_[A-Za-z]{2,4})?")  # ISO 639-1 or -3, optionally _Script or _Region (zho_Hans, pt_BR)
 TOKEN = re.compile(r">>([A-Za-z0-9_-]+)<<")  # Marian's form of a target-language token
 
 
@@ -47,7 +47,7 @@ def check_code(code: str, where: str = "target language") -> str:
     """``code`` (or a token ``>>code<<``) as a bare code, checked against the pattern rule.
 
     Raises:
-        LanguageError: naming ``where``: not 2-3 lowercase letters with an optional ``_Script``.
+        LanguageError: naming ``where``: not 2-3 lowercase letters with an optional ``_Script`` or ``_Region``.
     """
     if not isinstance(code, str):
         raise LanguageError(f"{where}: expected a language code (a string), got {type(code).__name__}")
@@ -55,7 +55,7 @@ def check_code(code: str, where: str = "target language") -> str:
     bare = m.group(1) if m else code
     if not _CODE.fullmatch(bare):
         raise LanguageError(f"{where}: {code!r} is not a language code (ISO 639-1 or 639-3: 2 or 3 lowercase letters, "
-                            "optionally _Script, e.g. fr, fra, zho_Hans)")  # fmt: skip
+                            "optionally _Script or _Region, e.g. fr, fra, zho_Hans, pt_BR)")  # fmt: skip
     return bare
 
 
