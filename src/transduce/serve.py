@@ -249,7 +249,8 @@ def create_app(
     def attention_size(sentence: str, target: str | None) -> str | None:
         """Why the attention of ``sentence`` and ``target`` (None: not known yet) is too large to answer, or None:
         the pieces :meth:`Translator.attention` would draw, counted with the translator's own tokenizer."""
-        source = min(len(translator.tokenizer.encode_src(sentence)), translator.max_input_tokens) + 1
+        token = 1 if getattr(translator, "languages", None) else 0  # a multilingual model's target-language token
+        source = min(len(translator.tokenizer.encode_src(sentence)) + token, translator.max_input_tokens) + 1
         if source > max_attention_tokens:
             return f"sentence has {source} source pieces (EOS included) > max_attention_tokens {max_attention_tokens}"
         if target is None:

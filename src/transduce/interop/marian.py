@@ -417,7 +417,7 @@ library_name: transformers
 pipeline_tag: translation
 tags: [translation, {"pegasus" if c.norm == "pre" else "marian"}, transduce]
 ---
-# {config.data.src_lang}-{config.data.tgt_lang} Transformer exported by transduce
+# {config.data.src_lang}-{"+".join(config.data.tgt_langs) or config.data.tgt_lang} Transformer exported by transduce
 
 Exported from `{source}`: {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, d_ff {c.d_ff},
 {c.heads} heads, vocabulary {c.src_vocab_size}{"" if c.share_vocab else f"/{c.tgt_vocab_size}"}.
