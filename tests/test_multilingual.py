@@ -18,6 +18,7 @@ from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, Mode
 from transduce.data import ParallelDataset, prepare
 from transduce.errors import DataError
 from transduce.langs import LanguageError, TargetLanguages, check_code, new_token
+from transduce.model import Transformer
 from transduce.search.common import constrain
 from transduce.tokenizer import Tokenizer
 from transduce.train import train
@@ -113,6 +114,25 @@ def test_the_search_never_generates_a_suppressed_id():
     assert torch.isneginf(log_probs[:, [0, 1, 7, 8]]).all() and torch.isfinite(log_probs[:, [2, 3, 9]]).all()
     with pytest.raises(ConfigError, match="suppress_ids"):
         ModelConfig.preset("test", src_vocab_size=10, tgt_vocab_size=10, suppress_ids=[2])  # eos
+
+
+@pytest.mark.parametrize("search", [dict(beam=1), dict(beam=4), dict(sampling=True, nbest=3, seed=1)])
+def test_a_model_that_ranks_its_language_token_first_still_never_writes_it(search):
+    from transduce.search import generate
+
+    cfg = ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=40, output_bias=True, dropout=0.0)
+    torch.manual_seed(0)
+    free = Transformer(cfg).eval()
+    with torch.no_grad():
+        free.output.bias[[30, 31]] = 20.0  # the two "language tokens" dominate every step
+    suppressed = Transformer(cfg.replace(suppress_ids=[30, 31])).eval()
+    suppressed.load_state_dict(free.state_dict())
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    decode = DecodeConfig(max_len_a=0.0, max_len_b=6, **search)
+    with one_thread():
+        assert any(t in (30, 31) for hyps in generate(free, src, decode) for h in hyps for t in h.tokens)
+        outputs = [h.tokens for hyps in generate(suppressed, src, decode) for h in hyps]
+    assert outputs and not any(t in (30, 31) for tokens in outputs for t in tokens)
 
 
 def test_config_checks_the_languages():
