@@ -79,6 +79,9 @@ def test_two_and_three_letter_codes_map_to_the_token_the_vocabulary_holds():
         langs.token_ids(["de", "fr"], 3)
     assert TargetLanguages(langs.tokens, "fra").token_id(None) == 6  # the default
     assert TargetLanguages({}).token_id(None) is None
+    wide = TargetLanguages({f">>l{i:02d}<<": i for i in range(300)})  # as OPUS-MT's widest models: a short message
+    with pytest.raises(LanguageError, match=r"it knows: l00, l01, .*, l19, and 280 more\)$"):
+        wide.token_id("fr")
     with pytest.raises(LanguageError, match="this model has no target-language tokens"):
         TargetLanguages({}).token_id("de")
 

@@ -113,6 +113,13 @@ class TargetLanguages:
         """The languages, as their tokens spell them (``deu``, ``fra``, ...)."""
         return [TOKEN.fullmatch(t).group(1) for t in self.tokens]  # type: ignore[union-attr]
 
+    def listed(self, most: int = 20) -> str:
+        """The languages for a message: all of them, or the first ``most`` and how many more (OPUS-MT's widest
+        models hold hundreds of tokens)."""
+        codes = self.codes()
+        more = f", and {len(codes) - most} more" if len(codes) > most else ""
+        return ", ".join(codes[:most]) + more
+
     def find(self, code: str) -> str | None:
         """The token of the language ``code`` names (any of its forms), None if the vocabulary has none."""
         for form in forms(code):
@@ -131,7 +138,7 @@ class TargetLanguages:
         if not code:
             if not self.tokens:
                 return None
-            known = ", ".join(self.codes())
+            known = self.listed()
             raise LanguageError(
                 f"{where}: missing: this model writes {len(self.tokens)} target languages ({known}); name one "
                 '(--tgt-lang, tgt_lang=, the request\'s "tgt_lang") or set decode.tgt_lang'
@@ -143,7 +150,7 @@ class TargetLanguages:
         token = self.find(bare)
         if token is None:
             raise LanguageError(f"{where}: {code!r} is not a target language of this model (it knows: "
-                                f"{', '.join(self.codes())})")  # fmt: skip
+                                f"{self.listed()})")  # fmt: skip
         return self.tokens[token]
 
     def token_ids(self, codes: str | Sequence[str | None] | None, n: int, where: str = "tgt_lang") -> list[int | None]:
