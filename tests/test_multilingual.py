@@ -282,6 +282,12 @@ def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(toy_r
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
         assert not (tmp_path / "no.txt").exists()
+    from transduce.commands.translate import check_target_language
+
+    check_target_language(str(toy_run), None, required=False)  # serve starts: its requests name their language
+    check_target_language(str(toy_run), "fr", required=False)
+    with pytest.raises(LanguageError, match="it knows: deu, fra"):
+        check_target_language(str(toy_run), "it", required=False)  # a default it cannot write is refused
 
 
 @pytest.mark.slow

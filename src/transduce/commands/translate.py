@@ -178,23 +178,26 @@ def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
 INVALID_HINT = "use --replace-invalid to translate it with U+FFFD in place"
 
 
-def load_translator(args: argparse.Namespace):
+def load_translator(args: argparse.Namespace, *, language_required: bool = True):
+    """The translator of ``--model`` (an ensemble for several); ``language_required``: a multilingual model without
+    ``--tgt-lang`` (and without a default) is refused before it is loaded (``serve``, whose requests name their
+    language, passes False)."""
     import torch
 
     from transduce.translate import Translator
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    check_target_language(args.model[0], getattr(args, "tgt_lang", None))
+    check_target_language(args.model[0], getattr(args, "tgt_lang", None), required=language_required)
     quantize = "int8" if getattr(args, "int8", False) else None
     return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens, quantize=quantize,
                            precision=args.precision)  # fmt: skip
 
 
-def check_target_language(path: str, tgt_lang: str | None) -> None:
+def check_target_language(path: str, tgt_lang: str | None, *, required: bool = True) -> None:
     """Before the model at ``path`` is loaded: refuse a ``--tgt-lang`` its vocabulary has no token for (or any, for a
-    model of one target language), and a missing one where the model has tokens and its run no ``decode.tgt_lang``.
-    A model that cannot be read is left to the loading, which names the problem.
+    model of one target language), and (``required``) a missing one where the model has tokens and its run no
+    ``decode.tgt_lang``. A model that cannot be read is left to the loading, which names the problem.
 
     Raises:
         transduce.langs.LanguageError: in one line (see :meth:`transduce.langs.TargetLanguages.token_id`).
@@ -216,7 +219,8 @@ def check_target_language(path: str, tgt_lang: str | None) -> None:
             default = ckpt.read_info(checkpoint).config.decode.tgt_lang
     except (TransduceError, OSError):
         return
-    TargetLanguages(vocab.lang_tokens(), tgt_lang or default).token_id(None)
+    if tgt_lang or default or required:
+        TargetLanguages(vocab.lang_tokens(), tgt_lang or default).token_id(None)
 
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
