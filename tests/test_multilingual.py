@@ -534,3 +534,12 @@ def test_the_multi30k_config_names_files_that_exist(monkeypatch):
     for parts in corpora.values():
         assert [p.lang for p in parts] == ["de", "fr", "cs"]
         assert len({p.src for p in parts}) == 1  # one English side for the three languages
+
+
+@pytest.mark.slow
+def test_report_refuses_to_score_a_multilingual_run_against_one_language(toy_run: Path):
+    from transduce.errors import TransduceError
+    from transduce.report import evaluate_run
+
+    with pytest.raises(TransduceError, match=r"a model of several target languages \(de, fr\): score each with "):
+        evaluate_run(toy_run)
