@@ -252,6 +252,12 @@ ROWS = [
     refused("translate", "file-as-model", lambda f: ["--model", f.good, "-i", f.good],
             lambda f: f"error: {f.good}: {NOT_MODEL}"),
     refused("translate", "out-of-range", lambda f: translate(f, "--beam", "0"), "--beam must be >= 1 (got 0)"),
+    refused("translate", "malformed-tgt-lang", lambda f: translate(f, "-i", f.good, "--tgt-lang", "French"),
+            "--tgt-lang must be a language code: ISO 639-1 or 639-3, 2 or 3 lowercase letters, optionally _Script, "
+            "e.g. fr, fra, zho_Hans (got 'French')"),
+    refused("translate", "tgt-lang-of-one-language-model", lambda f: translate(f, "-i", f.good, "--tgt-lang", "fr"),
+            "error: tgt_lang: 'fr': this model has no target-language tokens (it writes one language); leave the "
+            "target language out"),
     refused("translate", "out-of-range-threads", lambda f: translate(f, "--threads", "-1"),
             "--threads must be >= 0 (got -1)"),
     refused("translate", "out-of-range-length", lambda f: translate(f, "--max-len-b", "-1"),

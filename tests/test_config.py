@@ -151,6 +151,13 @@ def test_shipped_configs_load(name):
         assert cfg.data.train.endswith("multi30k/train") and cfg.train.run_dir == f"runs/{name}"
 
 
+def test_the_multilingual_multi30k_config_loads():
+    cfg = Config.load(Path(__file__).parents[1] / "configs" / "multi30k_en_defrcs.yaml")
+    assert (cfg.data.src_lang, cfg.data.tgt_langs, cfg.model.norm) == ("en", ["de", "fr", "cs"], "pre")
+    assert cfg.data.train.endswith("multi30k/train") and cfg.train.run_dir == "runs/multi30k_en_defrcs"
+    assert cfg.decode.tgt_lang == ""  # a request names its language
+
+
 def test_errors_name_their_source_file_or_command_line(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  warmup: 3\n")

@@ -25,6 +25,7 @@ import yaml
 from transduce.casing import INPUT_CASES
 from transduce.device import PRECISIONS, check_device_name
 from transduce.errors import TransduceError
+from transduce.langs import LanguageError, canonical, check_code
 from transduce.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -202,6 +203,9 @@ class ModelConfig(_Section):
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
+    # target ids the search never generates: a multilingual model's target-language tokens (transduce.langs), set
+    # from the vocabulary by train and import-hf
+    suppress_ids: list[int] = field(default_factory=list)
     # the fields below shape a classifier (data.task: classify; transduce.classify); a translation model has none
     # classify: the sentence vector is a prepended <cls> position's state (cls), or the mean (mean) or the
     # element-wise maximum (max) of the states of the real positions
@@ -254,6 +258,9 @@ class ModelConfig(_Section):
             value = getattr(self, name)
             if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
                 raise ConfigError(f"{name}: {value} is outside the vocabulary")
+        for i, value in enumerate(self.suppress_ids):
+            if not 0 <= value < self.tgt_vocab_size or value == self.eos_id:
+                raise ConfigError(f"suppress_ids[{i}]: {value} is not a target id other than eos")
 
     @property
     def d_k(self) -> int:
@@ -308,6 +315,12 @@ class DataConfig(_Section):
     test: list[str | list[str]] = field(default_factory=list)  # test corpora, in the same forms; never filtered
     src_field: str = "src"  # JSON Lines: the field of the source sentence (a.b reaches into nested objects)
     tgt_field: str = "tgt"  # JSON Lines: the field of the target sentence
+    # several target languages (one model, a target-language token such as >>fra<< before every source; ISO 639-1 or
+    # 639-3 codes, transduce.langs): a prefix reads PREFIX.{src_lang} against PREFIX.{each}; two files take the
+    # language of the target file's suffix (train.fr); a TSV line names it in a third column
+    # (source<TAB>target<TAB>fr) and a JSON Lines line in lang_field. []: one target language, tgt_lang, no token
+    tgt_langs: list[str] = field(default_factory=list)
+    lang_field: str = "tgt_lang"  # with tgt_langs, JSON Lines: the field of each line's target language
     prepared: str = ""  # directory of the prepared corpus; empty: <run_dir>/data
     vocab_type: str = "bpe"  # SentencePiece model type: bpe (paper) or unigram
     vocab_size: int = 8000  # subword vocabulary size (the paper: ~37k for WMT En-De; Multi30k wants 8-10k)
@@ -416,6 +429,22 @@ class DataConfig(_Section):
             raise ConfigError(f"character_coverage: must be in (0, 1], got {self.character_coverage!r}")
         if self.src_lang == self.tgt_lang:
             raise ConfigError(f"tgt_lang: source and target language are both {self.src_lang!r}")
+        self._check_tgt_langs()
+
+    def _check_tgt_langs(self) -> None:
+        if "" in self.lang_field.split("."):
+            raise ConfigError(f"lang_field: must name a field (a, or a.b for a nested one), got {self.lang_field!r}")
+        seen: dict[str, str] = {}
+        for i, code in enumerate(self.tgt_langs):
+            try:
+                check_code(code, f"tgt_langs[{i}]")
+            except LanguageError as e:
+                raise ConfigError(str(e)) from None
+            if canonical(code) in seen:
+                raise ConfigError(f"tgt_langs[{i}]: {code!r} names the same language as {seen[canonical(code)]!r}")
+            seen[canonical(code)] = code
+        if self.tgt_langs and self.task != "translate":
+            raise ConfigError(f"tgt_langs: for data.task: translate, not {self.task}; leave it out")
 
 
 @dataclass
@@ -564,8 +593,16 @@ class DecodeConfig(_Section):
     # and give the translation that style back; truecase: the same, with the lowercased line recased to the
     # training sources' usual forms (the table transduce prepare writes; transduce.casing)
     input_case: str = "keep"
+    # a multilingual model (data.tgt_langs): the target language when a request names none (translate --tgt-lang,
+    # Translator.translate(tgt_lang=...), the server's "tgt_lang"); "": a request must name one
+    tgt_lang: str = ""
 
     def __post_init__(self) -> None:
+        if self.tgt_lang:
+            try:
+                check_code(self.tgt_lang, "tgt_lang")
+            except LanguageError as e:
+                raise ConfigError(str(e)) from None
         for name in ("beam", "nbest", "max_tokens", "temperature"):
             _check_positive(name, getattr(self, name))
         for name in ("length_penalty", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram", "top_k"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -28,10 +29,11 @@ import torch
 from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig
 from transduce.data import read_manifest
+from transduce.data.corpus import resolve_corpora, split_entries
 from transduce.errors import TransduceError
+from transduce.langs import tokens_for
 from transduce.mlm.model import MaskedLM
 from transduce.model import Transformer
-from transduce.textio import read_parallel, resolve_corpus_file
 from transduce.tokenizer import Vocabulary
 from transduce.vocab import extend, load_vocabulary
 
@@ -88,16 +90,41 @@ def vocabulary(config: Config, run_dir: Path, *, resume: bool) -> Path:
         extend(vocab, out, src_text, tgt_text, size=size, threads=max(1, config.data.workers))
     else:
         vocab.save(out)
+    _add_language_tokens(out, config)
     return out
+
+
+def _add_language_tokens(out: Path, config: Config) -> None:
+    """With ``data.tgt_langs``: append to the vocabulary in ``out`` a token for each language it has none for
+    (:func:`transduce.langs.tokens_for`); :func:`initialise` gives their rows the mean of their segmentation's rows,
+    as for any added piece."""
+    if not config.data.tgt_langs:
+        return
+    vocab = load_vocabulary(out)
+    tokens = tokens_for(config.data.tgt_langs, vocab.lang_tokens())
+    missing = [t for t in tokens if t not in vocab.lang_tokens()]
+    if not missing:
+        return
+    staging = out.with_name(f".{out.name}.tokens-tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    vocab.with_lang_tokens(staging, tokens)
+    shutil.rmtree(out)
+    staging.rename(out)
+    log.info("target-language tokens added to the pretrained vocabulary: %s", ", ".join(missing))
 
 
 def _sample(config: Config) -> tuple[list[str], list[str]]:
     """The first training pairs (at most ``_EXTENSION_SAMPLE``), raw, for the extension's SentencePiece model."""
     d = config.data
-    src_path, tgt_path = resolve_corpus_file(d.train, d.src_lang), resolve_corpus_file(d.train, d.tgt_lang)
+    parts = resolve_corpora(d.train, d.src_lang, d.tgt_lang, (d.src_field, d.tgt_field), tgt_langs=d.tgt_langs,
+                            lang_field=d.lang_field)  # fmt: skip
     src, tgt = [], []
-    for _, s, t in read_parallel(src_path, tgt_path, errors="skip"):
-        if s and t and s.strip() and t.strip():
+    for _, s_raw, t_raw, _ in split_entries(parts):
+        try:
+            s, t = s_raw.decode("utf-8"), t_raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if s.strip() and t.strip():
             src.append(s)
             tgt.append(t)
             if len(src) >= _EXTENSION_SAMPLE:

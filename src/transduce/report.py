@@ -42,8 +42,11 @@ def default_model(run_dir: Path) -> Path:
 
 
 def _eval_sets(cfg: Config) -> list[tuple[str, Corpus]]:
-    """(name, corpus) of the validation set and every test set of the config."""
+    """(name, corpus) of the validation set and every test set of the config (none for a multilingual run, whose
+    sets hold several target languages: ``evaluate --tgt-lang`` scores each)."""
     d = cfg.data
+    if d.tgt_langs:
+        return []
     fields = (d.src_field, d.tgt_field)
     sets = [("valid", resolve_corpus(d.valid, d.src_lang, d.tgt_lang, fields))] if d.valid else []
     for spec in d.test:
@@ -69,6 +72,9 @@ def evaluate_run(
     """
     run_dir = Path(run_dir)
     cfg = Config.load(run_dir / "config.yaml")
+    if cfg.data.tgt_langs:
+        raise TransduceError(f"{run_dir}: a model of several target languages ({', '.join(cfg.data.tgt_langs)}): "
+                             "score each with transduce evaluate --tgt-lang LANG --src ... --ref ...")  # fmt: skip
     sets = _eval_sets(cfg)
     if not sets:
         raise TransduceError(f"{run_dir / 'config.yaml'}: names no data.valid or data.test set to evaluate")

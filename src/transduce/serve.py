@@ -12,7 +12,8 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, interactive documentation
   ``{"translations": [...]}``, one per sentence in input order (``"nbest": K`` adds the K best with scores).
   Options that are left out or ``null`` take the server's defaults (the run's decoding configuration).
   ``"sampling": true`` samples (``temperature``, ``top_k``, ``top_p``); ``"seed": N`` gives each sentence the same
-  samples every time, whatever it is batched with.
+  samples every time, whatever it is batched with. ``"tgt_lang": "fr"`` names a multilingual model's target language
+  (default: the server's ``--tgt-lang``, else the run's ``decode.tgt_lang``; with neither, a request must name one).
 * ``POST /attention`` ``{"sentence": "...", "target": null, "beam": ..., "length_penalty": ...}`` -> the
   translation, the source and target subword pieces and the encoder-decoder attention
   ``cross[layer][head][target piece][source piece]``.
@@ -37,7 +38,8 @@ Limits and errors (every error is JSON with a one-line ``"error"``; the server k
   or an answer of more than ``max_attention_values`` values (layers x heads x target x source pieces), counted
   before the attention is computed (and before the translation, for the source).
 * 422: a body that is not sent as JSON (``Content-Type: application/json``) or is not UTF-8, malformed JSON, a
-  missing field, a wrong type, an unknown option or a value out of range (beam 1 .. ``max_beam``); ``"detail"``
+  missing field, a wrong type, an unknown option or a value out of range (beam 1 .. ``max_beam``), a ``tgt_lang``
+  that is malformed, not the model's or missing where the model needs one; ``"detail"``
   holds the validation errors as FastAPI reports them, ``"error"`` sums them up in one line.
 * 500: an exception while translating (logged with its traceback).
 
@@ -45,6 +47,7 @@ An empty (or blank) sentence translates to an empty string, in place, without ru
 """
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterable
@@ -63,6 +66,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transduce.asgi import BodySizeLimit, JsonBody, ServerThread, json_error
 from transduce.batching import Batcher, BatchStats
 from transduce.config import ConfigError, LengthNorm
+from transduce.langs import LanguageError
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +151,9 @@ def _request_models(max_beam: int) -> tuple[type[BaseModel], type[BaseModel]]:
         seed: int | None = Field(
             None, ge=0, lt=2**64, description="sampling only: the same seed gives a sentence the same samples"
         )
+        tgt_lang: str | None = Field(
+            None, max_length=32, description="a multilingual model's target language (fr or fra; default: the server's)"
+        )
 
     class AttentionRequest(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
@@ -156,6 +163,7 @@ def _request_models(max_beam: int) -> tuple[type[BaseModel], type[BaseModel]]:
         beam: int | None = Field(None, ge=1, le=max_beam)
         length_penalty: float | None = Field(None, ge=0, allow_inf_nan=False)
         length_norm: LengthNorm | None = None
+        tgt_lang: str | None = Field(None, max_length=32, description="a multilingual model's target language")
 
     return TranslateRequest, AttentionRequest
 
@@ -223,13 +231,17 @@ def create_app(
         """422 if DecodeConfig rejects the options as the request will use them (``Translator.search_config``), or
         if sampling options come without sampling (they would change nothing). The request models already check
         every field's type and range."""
+        options = dict(options)
+        tgt_lang = options.pop("tgt_lang", None)
         try:
             cfg = translator.search_config(**options)
+            if hasattr(translator, "language_ids"):  # a missing, malformed or unknown target language: 422
+                translator.language_ids(tgt_lang, 1, cfg)
             unused = [name for name in SAMPLING_ONLY if name in options]
             if not unused or cfg.sampling:
                 return None
             message = f'{unused[0]}: applies to sampling only, and this search does not sample (add "sampling": true)'
-        except ConfigError as e:
+        except (ConfigError, LanguageError) as e:
             message = str(e)
         detail = [{"type": "value_error", "loc": ["body"], "msg": message, "input": options}]
         return JSONResponse({"error": message, "detail": detail}, status_code=422)
@@ -237,7 +249,8 @@ def create_app(
     def attention_size(sentence: str, target: str | None) -> str | None:
         """Why the attention of ``sentence`` and ``target`` (None: not known yet) is too large to answer, or None:
         the pieces :meth:`Translator.attention` would draw, counted with the translator's own tokenizer."""
-        source = min(len(translator.tokenizer.encode_src(sentence)), translator.max_input_tokens) + 1
+        token = 1 if getattr(translator, "languages", None) else 0  # a multilingual model's target-language token
+        source = min(len(translator.tokenizer.encode_src(sentence)) + token, translator.max_input_tokens) + 1
         if source > max_attention_tokens:
             return f"sentence has {source} source pieces (EOS included) > max_attention_tokens {max_attention_tokens}"
         if target is None:
@@ -291,7 +304,8 @@ def create_app(
                 target = (await batcher.submit([sentence], options))[0]
                 if too_large := await batcher.call(attention_size, sentence, target):
                     return json_error(413, too_large)
-            maps = await batcher.call(translator.attention, sentence, target)
+            lang = {"tgt_lang": options["tgt_lang"]} if "tgt_lang" in options else {}
+            maps = await batcher.call(functools.partial(translator.attention, **lang), sentence, target)
         except ConfigError as e:  # an ensemble: no one model's attention to show
             return json_error(400, str(e))
         except Exception as e:

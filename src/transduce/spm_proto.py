@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterator, Sequence
 
 NORMAL = 1  # SentencePiece.Type.NORMAL: a piece the segmentation may use
+USER_DEFINED = 4  # SentencePiece.Type.USER_DEFINED: always one piece where its text occurs, never split or merged
 MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 
 
@@ -68,13 +69,14 @@ def model_type(proto: bytes) -> str:
     return "unigram"  # the proto default
 
 
-def piece_record(piece: str, score: float) -> bytes:
-    """One serialised ``ModelProto.pieces`` element: a NORMAL piece with ``score``."""
+def piece_record(piece: str, score: float, kind: int = NORMAL) -> bytes:
+    """One serialised ``ModelProto.pieces`` element: a piece of type ``kind`` (NORMAL, USER_DEFINED) with ``score``."""
     text = piece.encode("utf-8")
-    body = b"\x0a" + _varint(len(text)) + text + b"\x15" + struct.pack("<f", score) + b"\x18" + _varint(NORMAL)
+    body = b"\x0a" + _varint(len(text)) + text + b"\x15" + struct.pack("<f", score) + b"\x18" + _varint(kind)
     return b"\x0a" + _varint(len(body)) + body
 
 
-def append_pieces(proto: bytes, pieces: Sequence[tuple[str, float]]) -> bytes:
-    """``proto`` with ``pieces`` (text, score) appended: they get ids ``n, n + 1, ...`` for a model of n pieces."""
-    return proto + b"".join(piece_record(p, s) for p, s in pieces)
+def append_pieces(proto: bytes, pieces: Sequence[tuple[str, float]], kind: int = NORMAL) -> bytes:
+    """``proto`` with ``pieces`` (text, score) of type ``kind`` appended: they get ids ``n, n + 1, ...`` for a model
+    of n pieces."""
+    return proto + b"".join(piece_record(p, s, kind) for p, s in pieces)

@@ -113,6 +113,24 @@ class Vocabulary(abc.ABC):
             return self.src_pieces(range(self.src_vocab_size))
         return self.tgt_pieces(range(self.tgt_vocab_size))
 
+    def lang_tokens(self) -> dict[str, int]:
+        """The target-language tokens (``>>fra<<``, :mod:`transduce.langs`) of the source side: token -> id."""
+        from transduce.langs import TOKEN
+
+        return {p: i for i, p in enumerate(self.pieces_in_id_order("src")) if TOKEN.fullmatch(p)}
+
+    def lang_token_tgt_ids(self) -> list[int]:
+        """The target ids of target-language tokens (a joint vocabulary has them on both sides): never generated."""
+        from transduce.langs import TOKEN
+
+        return [i for i, p in enumerate(self.pieces_in_id_order("tgt")) if TOKEN.fullmatch(p)]
+
+    def with_lang_tokens(self, directory: str | Path, tokens: Sequence[str]) -> Path:
+        """Write into ``directory`` this vocabulary with the target-language ``tokens`` it lacks appended to the
+        source side (to the one model of a joint vocabulary): every existing piece keeps its id."""
+        held = self.lang_tokens()
+        return self.extended(directory, [(t, 0.0) for t in dict.fromkeys(tokens) if t not in held], [])
+
 
 #: A piece to add to a SentencePiece model: its text (``▁`` for a space) and its score.
 NewPiece = tuple[str, float]
@@ -283,11 +301,17 @@ class Tokenizer(Vocabulary):
         return directory
 
     def extended(self, directory: str | Path, src_new: Sequence[NewPiece], tgt_new: Sequence[NewPiece]) -> Path:
-        from transduce.spm_proto import append_pieces  # the proto arithmetic lives beside the other users
+        from transduce.langs import TOKEN
+        from transduce.spm_proto import NORMAL, USER_DEFINED, append_pieces  # the proto arithmetic, beside its users
+
+        def append(proto: bytes, new: Sequence[NewPiece]) -> bytes:  # a language token: one piece, never split
+            for piece, score in new:
+                proto = append_pieces(proto, [(piece, score)], USER_DEFINED if TOKEN.fullmatch(piece) else NORMAL)
+            return proto
 
         src, tgt = self.model_protos()
-        src_proc = spm.SentencePieceProcessor(model_proto=append_pieces(src, src_new))
-        tgt_proc = None if self.joint else spm.SentencePieceProcessor(model_proto=append_pieces(tgt, tgt_new))
+        src_proc = spm.SentencePieceProcessor(model_proto=append(src, src_new))
+        tgt_proc = None if self.joint else spm.SentencePieceProcessor(model_proto=append(tgt, tgt_new))
         return Tokenizer(src_proc, tgt_proc, lowercase=self.lowercase, truecaser=self.truecaser,
                          tree_order=self.tree_order).save(directory)  # fmt: skip
 

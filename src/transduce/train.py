@@ -50,6 +50,7 @@ from transduce.distributed import (
     teardown,
 )
 from transduce.errors import TransduceError
+from transduce.langs import TargetLanguages
 from transduce.mlm import data as mlm_data
 from transduce.mlm import training as mlm_training
 from transduce.mlm.model import MaskedLM
@@ -150,6 +151,9 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
         model = config.model.replace(
             src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.tgt_vocab_size, share_vocab=share
         )
+    if config.data.task == "translate":  # a multilingual model never writes its target-language tokens
+        model = model.replace(suppress_ids=tokenizer.lang_token_tgt_ids())
+        TargetLanguages.of(tokenizer, config.decode.tgt_lang)  # a default the model cannot write is refused now
     config = Config(model=model, data=config.data.replace(prepared=str(prepared)), train=config.train,
                     decode=config.decode)  # fmt: skip
     if dist.is_main:

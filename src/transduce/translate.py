@@ -5,6 +5,11 @@
     translator.translate_nbest(["A dog."], nbest=4)           # [[Translation(text, score, log_prob), ...]]
     translator.translate_file("test.en", "test.hyp.de")       # a file, line for line; returns the line count
     translator.embed(["A man on a bike."])                    # the encoder's vectors per piece (transduce.embed)
+    translator.translate(["A dog."], tgt_lang="fr")           # a multilingual model: the target language
+
+A model trained on several target languages (``data.tgt_langs``) gets the token of the language asked for
+(``tgt_lang``: one code for every sentence, or one per sentence; ``decode.tgt_lang`` when none is given) before each
+source's pieces (:mod:`transduce.langs`); a model without such tokens refuses a target language.
 
 Sentences are tokenised, sorted by length and batched by a token budget (``DecodeConfig.max_tokens`` counts
 sentences x beam x padded source length); results come back in input order, exactly one per input. An empty (or
@@ -30,6 +35,7 @@ from torch import nn
 from transduce import casing
 from transduce.config import ConfigError, DecodeConfig
 from transduce.device import allow_tf32, check_precision, resolve_device
+from transduce.langs import TargetLanguages
 from transduce.search import Hypothesis, SearchConstraint, generate, length_batches
 from transduce.search.common import pad_sequences
 
@@ -125,6 +131,7 @@ class Translator:
                               f"(max_positions {mc.max_positions} allows {mc.max_positions - 1})")  # fmt: skip
         self.max_input_tokens = max_input_tokens
         self.task = task
+        self.languages = TargetLanguages.of(tokenizer, self.decode.tgt_lang)  # a multilingual model's tokens
         self._encode_lock = threading.Lock()  # tokenizers are not all documented as thread-safe
 
     @classmethod
@@ -183,12 +190,16 @@ class Translator:
         beam: int | None = None,
         decode: DecodeConfig | None = None,
         constraint: ConstraintFactory | None = None,
+        tgt_lang: str | Sequence[str] | None = None,
         **options: Any,
     ) -> list[str]:
         """Translate sentences; returns one string per input, in input order.
 
         Args:
             sentences: raw source sentences.
+            tgt_lang: a multilingual model's target language (``fr`` or ``fra``), for every sentence or a list of one
+                per sentence (default: ``decode.tgt_lang``); :class:`transduce.langs.LanguageError` names one that
+                is malformed or unknown, or a missing one.
             beam: beam size (default: the translator's configuration).
             decode: a whole decoding configuration instead of the translator's.
             constraint: a further rule on the next token (e.g. parsing's tree constraint): called with the indices
@@ -199,7 +210,8 @@ class Translator:
         """
         _check_sentences(sentences, "translate")
         cfg = self.search_config(beam=beam, decode=decode, **options)
-        return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg, constraint)]
+        langs = self.language_ids(tgt_lang, len(sentences), cfg)
+        return [ts[0].text for ts in self._translate(list(enumerate(sentences, start=1)), cfg, constraint, langs)]
 
     def translate_nbest(
         self,
@@ -209,16 +221,18 @@ class Translator:
         beam: int | None = None,
         decode: DecodeConfig | None = None,
         constraint: ConstraintFactory | None = None,
+        tgt_lang: str | Sequence[str] | None = None,
         **options: Any,
     ) -> list[list[Translation]]:
         """The ``nbest`` best translations of each sentence with their scores, best first.
 
         The beam is widened to ``nbest`` if it is smaller. An empty sentence, and a sentence that had to be split,
-        get a single translation. ``constraint``: as for :meth:`translate`.
+        get a single translation. ``constraint``, ``tgt_lang``: as for :meth:`translate`.
         """
         _check_sentences(sentences, "translate_nbest")
         cfg = self.search_config(nbest=nbest, beam=beam, decode=decode, **options)
-        return self._translate(list(enumerate(sentences, start=1)), cfg, constraint)
+        langs = self.language_ids(tgt_lang, len(sentences), cfg)
+        return self._translate(list(enumerate(sentences, start=1)), cfg, constraint, langs)
 
     def translate_file(
         self,
@@ -228,6 +242,7 @@ class Translator:
         replace_invalid: bool = False,
         beam: int | None = None,
         decode: DecodeConfig | None = None,
+        tgt_lang: str | None = None,
         **options: Any,
     ) -> int:
         """Translate a text file (plain or gzipped, one sentence per line) into ``out``, line for line.
@@ -241,7 +256,7 @@ class Translator:
                 :class:`transduce.errors.DataError` naming it, unless ``replace_invalid``.
             out: the file of translations; its directory is created. ``src`` itself is refused
                 (:class:`transduce.files.SameFileError`), before anything is read or written.
-            beam, decode, options: as for :meth:`translate`.
+            beam, decode, tgt_lang, options: as for :meth:`translate` (one target language for the file).
 
         Returns:
             The number of lines translated.
@@ -249,10 +264,12 @@ class Translator:
         from transduce.files import check_outputs, open_output
 
         cfg = self.search_config(beam=beam, decode=decode, **options)
+        self.language_ids(tgt_lang, 1, cfg)  # refused before anything is read or written
         check_outputs([("source", src)], [("output", out)])
         count = 0
         with open_output(out) as f:
-            for translations in self.translate_lines(read_source_lines(src, replace_invalid=replace_invalid), cfg):
+            lines = read_source_lines(src, replace_invalid=replace_invalid)
+            for translations in self.translate_lines(lines, cfg, tgt_lang=tgt_lang):
                 f.write(translations[0].text + "\n")
                 count += 1
         return count
@@ -299,19 +316,35 @@ class Translator:
         return self._config(decode, beam=max(beam or (decode or self.decode).beam, nbest), nbest=nbest, **options)
 
     def translate_lines(
-        self, lines: Iterable[tuple[int, str]], cfg: DecodeConfig | None = None, *, chunk_size: int = 2000
-    ) -> Iterator[list[Translation]]:
+        self, lines: Iterable[tuple[int, str]], cfg: DecodeConfig | None = None, *, chunk_size: int = 2000,
+        tgt_lang: str | None = None,
+    ) -> Iterator[list[Translation]]:  # fmt: skip
         """Translate a stream of ``(line number, text)``, ``chunk_size`` lines at a time (sorted within a chunk);
-        yields each line's translations in input order. Line numbers appear in warnings."""
+        yields each line's translations in input order. Line numbers appear in warnings. ``tgt_lang``: a
+        multilingual model's target language for every line (checked before the first line is read)."""
         cfg = cfg or self.decode
+        lang = self.language_ids(tgt_lang, 1, cfg)[0]
         chunk: list[tuple[int, str]] = []
         for item in lines:
             chunk.append(item)
             if len(chunk) >= chunk_size:
-                yield from self._translate(chunk, cfg)
+                yield from self._translate(chunk, cfg, langs=[lang] * len(chunk))
                 chunk = []
         if chunk:
-            yield from self._translate(chunk, cfg)
+            yield from self._translate(chunk, cfg, langs=[lang] * len(chunk))
+
+    def language_ids(
+        self, tgt_lang: str | Sequence[str] | None, n: int, decode: DecodeConfig | None = None
+    ) -> list[int | None]:
+        """The target-language token id of each of ``n`` texts (None for a model without such tokens) that
+        ``tgt_lang`` asks for (one code, a list of ``n``, or None: ``decode.tgt_lang``).
+
+        Raises:
+            transduce.langs.LanguageError: a code that is malformed or not the model's, a missing one (the model
+                has tokens and no default), or any code for a model without tokens; the message names the text.
+        """
+        default = (decode or self.decode).tgt_lang
+        return TargetLanguages(self.languages.tokens, default).token_ids(tgt_lang, n)
 
     # ------------------------------------------------------------------------------------------------------------------
 
@@ -328,9 +361,13 @@ class Translator:
             return [list(self.tokenizer.encode_src(t)) for t in texts]
 
     def _translate(
-        self, lines: list[tuple[int, str]], cfg: DecodeConfig, constraint: ConstraintFactory | None = None
-    ) -> list[list[Translation]]:
+        self, lines: list[tuple[int, str]], cfg: DecodeConfig, constraint: ConstraintFactory | None = None,
+        langs: Sequence[int | None] | None = None,
+    ) -> list[list[Translation]]:  # fmt: skip
+        """``langs``: each line's target-language token id (put before its source ids; None: no token)."""
         eos = self.model.config.eos_id
+        if langs is None:
+            langs = self.language_ids(None, len(lines), cfg)
         width = cfg.nbest if cfg.sampling else cfg.beam  # hypotheses per sentence in the search
         styles: list[casing.Style | None] = [None] * len(lines)
         if cfg.input_case != "keep":
@@ -345,14 +382,16 @@ class Translator:
         for i, ((lineno, text), toks) in enumerate(zip(lines, ids)):
             if not text.strip() or not toks:
                 continue
-            parts = self._split(toks) if len(toks) > self.max_input_tokens else [toks]
+            prefix = [] if langs[i] is None else [langs[i]]  # the target-language token, before every piece
+            limit = max(1, self.max_input_tokens - len(prefix))
+            parts = self._split(toks, limit) if len(toks) > limit else [toks]
             if len(parts) > 1:
                 log.warning(
                     "line %d: %d source tokens exceed max_input_tokens=%d; translated in %d pieces and joined",
                     lineno, len(toks), self.max_input_tokens, len(parts),
                 )  # fmt: skip
             pieces_of[i] = len(parts)
-            segments.extend((i, j, [*part, eos]) for j, part in enumerate(parts))
+            segments.extend((i, j, [*prefix, *part, eos]) for j, part in enumerate(parts))
 
         results: dict[tuple[int, int], list[Hypothesis]] = {}
         for indices in length_batches([len(seg[2]) for seg in segments], cfg.max_tokens, width):
@@ -388,10 +427,10 @@ class Translator:
         text = casing.restore(text.translate(_LINE_BREAKS), style)  # one line in, one line out, whoever splits it
         return Translation(text, hyp.score, hyp.log_prob)
 
-    def _split(self, toks: list[int]) -> list[list[int]]:
-        """Cut a too-long source into pieces of at most ``max_input_tokens``, after sentence punctuation when there
-        is some in the second half of a window, else at the limit."""
-        limit = self.max_input_tokens
+    def _split(self, toks: list[int], limit: int | None = None) -> list[list[int]]:
+        """Cut a too-long source into pieces of at most ``limit`` tokens (default: ``max_input_tokens``), after
+        sentence punctuation when there is some in the second half of a window, else at the limit."""
+        limit = limit or self.max_input_tokens
         pieces = self.tokenizer.src_pieces(toks)
         parts, start = [], 0
         while len(toks) - start > limit:
@@ -409,8 +448,11 @@ class Translator:
     # ------------------------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def attention(self, source: str, target: str | None = None, *, beam: int | None = None) -> AttentionMaps:
-        """Attention weights of one sentence pair (the translation of ``source`` when ``target`` is None).
+    def attention(
+        self, source: str, target: str | None = None, *, beam: int | None = None, tgt_lang: str | None = None
+    ) -> AttentionMaps:
+        """Attention weights of one sentence pair (the translation of ``source`` when ``target`` is None);
+        ``tgt_lang``: a multilingual model's target language (as for :meth:`translate`).
 
         Returns:
             :class:`AttentionMaps` with the subword pieces for the axes.
@@ -419,7 +461,9 @@ class Translator:
             raise ConfigError("attention shows one model's weights; this translator is an ensemble of "
                               f"{len(self.model.members)} models")  # fmt: skip
         cfg = self.model.config
-        src_ids = [*self._encode([source])[0][: self.max_input_tokens], cfg.eos_id]
+        lang = self.language_ids(tgt_lang, 1)[0]
+        prefix = [] if lang is None else [lang]
+        src_ids = [*prefix, *self._encode([source])[0][: self.max_input_tokens - len(prefix)], cfg.eos_id]
         if target is None:
             src = torch.tensor([src_ids], device=self.device)
             tgt_ids = generate(self.model, src, self._config(None, beam=beam, nbest=1))[0][0].tokens

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from transduce.config import Config
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, read_lines, read_manifest
-from transduce.data.corpus import corpus_of_record, read_corpus
+from transduce.data.corpus import corpora_of_record, read_corpus
 from transduce.distributed import Dist, all_reduce_sum
 from transduce.loss import label_smoothed_nll
 from transduce.tokenizer import Vocabulary
@@ -114,16 +114,19 @@ def label_validation(
 def read_references(dataset: ParallelDataset, tokenizer: Vocabulary) -> tuple[list[str], str]:
     """Reference sentences of the split: raw lines (normalised) when the raw file exists, else decoded ids."""
     try:
-        corpus = corpus_of_record(read_manifest(dataset.directory)["inputs"][dataset.split])
+        parts = corpora_of_record(read_manifest(dataset.directory)["inputs"][dataset.split])
     except KeyError:
-        corpus = None
-    if corpus is not None and corpus.tgt.exists():
+        parts = []
+    if parts and all(corpus.tgt.exists() for corpus in parts):
         # the rule prepare follows for validation lines (kept with U+FFFD when data.skip_invalid_utf8, else they
-        # never got past prepare): every line stays, so line_index still points at the right one
-        if corpus.single_file:  # a TSV or JSON Lines file: the target side of each line
-            lines = read_corpus(corpus, errors="replace")[1]
-        else:
-            lines = [line for _, line in read_lines(corpus.tgt, errors="replace")]
+        # never got past prepare): every line stays, so line_index still points at the right one (several target
+        # languages' files: their lines one after the other, as prepare numbers them)
+        lines: list[str] = []
+        for corpus in parts:
+            if corpus.single_file:  # a TSV or JSON Lines file: the target side of each line
+                lines += read_corpus(corpus, errors="replace")[1]
+            else:
+                lines += [line for _, line in read_lines(corpus.tgt, errors="replace")]
         return [tokenizer.normalise(lines[int(i)]) for i in dataset.line_index], "raw"
     return [tokenizer.decode_tgt(dataset[i][1].tolist()) for i in range(len(dataset))], "decoded ids"
 

@@ -64,6 +64,20 @@ def probability(text: str) -> float:
     return _bounded(float, text, 0, 1, open_low=True)
 
 
+def language_code(text: str) -> str:
+    """An argparse type: a language code (``fr``, ``fra``, ``zho_Hans``; :func:`transduce.langs.check_code`), so that
+    a malformed one is refused before the model is loaded: ``--tgt-lang must be a language code ... (got 'French')``."""
+    from transduce.langs import LanguageError, check_code
+
+    try:
+        return check_code(text)
+    except LanguageError:
+        raise argparse.ArgumentTypeError(
+            f"must be a language code: ISO 639-1 or 639-3, 2 or 3 lowercase letters, optionally _Script, e.g. fr, "
+            f"fra, zho_Hans (got {text!r})"
+        ) from None
+
+
 def _bounded(kind: type, text: str, low: float, high: float | None, *, open_low: bool = False) -> Any:
     """``kind(text)`` if it is finite and within ``[low, high]`` (``(low, high]`` with ``open_low``); else the
     one-line reason for argparse, which the CLI prints after the option's name: ``--beam must be >= 1 (got 0)``."""

@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
     if is_classifier(args.model[0]):
         models = {"classifier": load_classifier(args)}
     else:
-        translator = load_translator(args)
+        translator = load_translator(args, language_required=False)  # a request names its language
         translator.decode = decode_config(args, translator.decode)
+        if translator.decode.tgt_lang:  # the requests' default (--tgt-lang) must be one of the model's languages
+            translator.language_ids(translator.decode.tgt_lang, 1)
         models = {"translator": translator}
         limits.update(max_beam=args.max_beam, max_attention_tokens=args.max_attention_tokens,
                       max_attention_values=args.max_attention_values)  # fmt: skip

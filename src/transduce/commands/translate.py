@@ -8,6 +8,7 @@ Examples:
   transduce translate --model runs/multi30k --interactive                # each line answered as it is typed
   transduce translate --model runs/multi30k -i test.tsv                  # the source column (source<TAB>target)
   transduce translate --model runs/hf -i test.jsonl --src-field translation.en   # a JSON Lines field, as prepare
+  transduce translate --model runs/multi30k_en_defrcs --tgt-lang fr < test.en    # a multilingual model's language
 
 Input is read as UTF-8 and split on "\\n" only; a byte that is not UTF-8 is an error naming the line, unless
 --replace-invalid. An empty line gives an empty line. A line longer than --max-input-tokens subword tokens is split
@@ -30,6 +31,7 @@ from transduce.commands.options import (
     add_output_argument,
     add_source_input_arguments,
     check_file_output,
+    language_code,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -58,6 +60,7 @@ _DECODE_OPTIONS = {
     "top_p": "top_p",
     "seed": "seed",
     "max_tokens": "max_tokens",
+    "tgt_lang": "tgt_lang",
 }
 #: options that only sampling reads: given without sampling they would change nothing
 _SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
@@ -86,6 +89,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     --model may be given several times, for an ensemble: ``args.model`` is a list."""
     add_loading_arguments(parser)
     g = parser.add_argument_group("decoding (default: the run's decode config)")
+    g.add_argument(
+        "--tgt-lang", metavar="LANG", type=language_code,
+        help="a multilingual model's target language, fr or fra (its token, e.g. >>fra<<, goes before every source; "
+        "default: the run's decode.tgt_lang; serve: the requests' default)",
+    )  # fmt: skip
     g.add_argument("--beam", type=positive_int, metavar="K", help="beam size; 1 is greedy")
     g.add_argument("--length-penalty", type=non_negative_float, metavar="ALPHA", help="length penalty alpha; 0: off")
     g.add_argument(
@@ -170,16 +178,49 @@ def decode_config(args: argparse.Namespace, base: DecodeConfig) -> DecodeConfig:
 INVALID_HINT = "use --replace-invalid to translate it with U+FFFD in place"
 
 
-def load_translator(args: argparse.Namespace):
+def load_translator(args: argparse.Namespace, *, language_required: bool = True):
+    """The translator of ``--model`` (an ensemble for several); ``language_required``: a multilingual model without
+    ``--tgt-lang`` (and without a default) is refused before it is loaded (``serve``, whose requests name their
+    language, passes False)."""
     import torch
 
     from transduce.translate import Translator
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_target_language(args.model[0], getattr(args, "tgt_lang", None), required=language_required)
     quantize = "int8" if getattr(args, "int8", False) else None
     return Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens, quantize=quantize,
                            precision=args.precision)  # fmt: skip
+
+
+def check_target_language(path: str, tgt_lang: str | None, *, required: bool = True) -> None:
+    """Before the model at ``path`` is loaded: refuse a ``--tgt-lang`` its vocabulary has no token for (or any, for a
+    model of one target language), and (``required``) a missing one where the model has tokens and its run no
+    ``decode.tgt_lang``. A model that cannot be read is left to the loading, which names the problem.
+
+    Raises:
+        transduce.langs.LanguageError: in one line (see :meth:`transduce.langs.TargetLanguages.token_id`).
+    """
+    from transduce import checkpoint as ckpt
+    from transduce.errors import TransduceError
+    from transduce.interop.marian import is_marian_dir
+    from transduce.langs import TargetLanguages
+    from transduce.vocab import load_vocabulary
+
+    try:
+        if is_marian_dir(path):
+            from transduce.interop.marian_vocab import MarianVocab
+
+            vocab, default = MarianVocab.from_pretrained(path), ""
+        else:
+            checkpoint = ckpt.resolve(path)
+            vocab = load_vocabulary(ckpt.vocab_dir_of(checkpoint))
+            default = ckpt.read_info(checkpoint).config.decode.tgt_lang
+    except (TransduceError, OSError):
+        return
+    if tgt_lang or default or required:
+        TargetLanguages(vocab.lang_tokens(), tgt_lang or default).token_id(None)
 
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
@@ -212,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     check_file_output(args.output, "-o/--output")
     translator = load_translator(args)
     cfg = decode_config(args, translator.decode)
+    translator.language_ids(None, 1, cfg)  # a missing or unknown target language (--tgt-lang): before any output
     terminal = args.input == "-" and _is_terminal(sys.stdin)
     interactive = args.interactive or terminal
     if terminal:

@@ -13,12 +13,20 @@ Whatever the form, :meth:`Corpus.pairs` yields ``(line number, source bytes, tar
 fault is a :class:`DataError` naming the file and line: a line without a tab, a line that is not JSON, a missing
 field. Bytes that are not UTF-8 are left in place, for :func:`transduce.textio.decode_line`'s one rule.
 
+With several target languages (``data.tgt_langs``, :mod:`transduce.langs`) every line also has a target language
+(:meth:`Corpus.entries`): a prefix names one corpus per language (``PREFIX.en`` against ``PREFIX.de``,
+``PREFIX.fr``, ...), two files take the language of the target file's suffix, a TSV line has it in a third column and
+a JSON Lines line in ``data.lang_field``. :func:`resolve_corpora` gives a split's corpora, read one after the other
+(:func:`split_entries`); a language that is missing, malformed or not one of ``data.tgt_langs`` is an error naming
+the file and line.
+
 :func:`read_side` reads one side of a test set in the same forms, for ``translate -i`` and ``evaluate --src/--ref``:
 the file ``prepare`` reads serves them too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from transduce.errors import DataError
+from transduce.langs import LanguageError, check_code, same_language
 from transduce.textio import iter_raw_lines, iter_raw_pairs, resolve_corpus_file
 
 FORMATS = ("files", "tsv", "jsonl")
@@ -47,6 +56,8 @@ class Corpus:
     src: Path
     tgt: Path
     fields: tuple[str, str] = ("src", "tgt")
+    lang: str = ""  # the target language of every line (a prefix's or two files' corpus of a multilingual run)
+    lang_field: str = ""  # each line names its target language: the JSON Lines field (TSV: the third column)
 
     @property
     def single_file(self) -> bool:
@@ -65,21 +76,42 @@ class Corpus:
         """``(line number from 1, source bytes, target bytes)`` for every line.
 
         Raises:
-            DataError: two files with different numbers of lines; a TSV line without exactly one tab; a JSON Lines
-                line that is not an object with the two string fields. The message names the file and line.
+            DataError: two files with different numbers of lines; a TSV line without exactly one tab (two with a
+                language column); a JSON Lines line that is not an object with the string fields. The message names
+                the file and line.
         """
+        for lineno, src, tgt, _ in self.entries():
+            yield lineno, src, tgt
+
+    def entries(self) -> Iterator[tuple[int, bytes, bytes, str]]:
+        """:meth:`pairs` with each line's target language (``""`` for a corpus of one target language), as it is
+        written (checked by :func:`line_language`)."""
         if self.format == "files":
-            yield from iter_raw_pairs(self.src, self.tgt)
+            for lineno, src, tgt in iter_raw_pairs(self.src, self.tgt):
+                yield lineno, src, tgt, self.lang
         elif self.format == "tsv":
             for lineno, raw in enumerate(iter_raw_lines(self.src), start=1):
-                yield lineno, *split_tsv(raw, self.src, lineno)
+                if self.lang_field:
+                    yield lineno, *split_tsv3(raw, self.src, lineno)
+                else:
+                    yield lineno, *split_tsv(raw, self.src, lineno), self.lang
         else:
             for lineno, raw in enumerate(iter_raw_lines(self.src), start=1):
-                yield lineno, *parse_jsonl(raw, self.src, lineno, self.fields)
+                if self.lang_field:
+                    yield lineno, *parse_jsonl3(raw, self.src, lineno, (*self.fields, self.lang_field))
+                else:
+                    yield lineno, *parse_jsonl(raw, self.src, lineno, self.fields), self.lang
 
     def record(self) -> dict[str, Any]:
         """How the corpus is read, for the prepared manifest (beside the files' descriptions)."""
-        return {"format": self.format, **({"fields": list(self.fields)} if self.format == "jsonl" else {})}
+        out: dict[str, Any] = {"format": self.format}
+        if self.format == "jsonl":
+            out["fields"] = list(self.fields)
+        if self.lang:
+            out["lang"] = self.lang
+        if self.lang_field:
+            out["lang_field"] = self.lang_field
+        return out
 
 
 def split_tsv(raw: bytes, path: str | Path, lineno: int) -> tuple[bytes, bytes]:
@@ -90,6 +122,42 @@ def split_tsv(raw: bytes, path: str | Path, lineno: int) -> tuple[bytes, bytes]:
         raise DataError(f"{path}, line {lineno}: expected source<TAB>target (one tab), found {found}")
     src, tgt = raw.split(b"\t")
     return src, tgt
+
+
+def split_tsv3(raw: bytes, path: str | Path, lineno: int) -> tuple[bytes, bytes, str]:
+    """The two sides and the target language of a TSV line ``source<TAB>target<TAB>language``."""
+    tabs = raw.count(b"\t")
+    if tabs != 2:
+        found = "no tab" if tabs == 0 else f"{tabs} tab" + "s" * (tabs > 1)
+        raise DataError(f"{path}, line {lineno}: expected source<TAB>target<TAB>language (two tabs: data.tgt_langs "
+                        f"is set), found {found}")  # fmt: skip
+    src, tgt, lang = raw.split(b"\t")
+    return src, tgt, lang.decode("utf-8", "replace").strip()
+
+
+def parse_jsonl3(raw: bytes, path: str | Path, lineno: int, fields: Sequence[str]) -> tuple[bytes, bytes, str]:
+    """The two sides and the target language (the third field) of a JSON Lines line."""
+    where = f"{path}, line {lineno}"
+    obj = _json_object(raw, where)
+    lang = _json_side(obj, fields[2], "target language", where)
+    return _json_side(obj, fields[0], "source", where), _json_side(obj, fields[1], "target", where), lang.decode()
+
+
+def line_language(code: str, declared: Sequence[str], where: str) -> str:
+    """The entry of ``declared`` (``data.tgt_langs``) that a line's language ``code`` names (``fr`` and ``fra`` are
+    one language). Raises :class:`DataError` naming ``where`` (file and line) for a missing, malformed or
+    undeclared language."""
+    if not code:
+        raise DataError(f"{where}: no target language (data.tgt_langs is set: each line names one of "
+                        f"{', '.join(declared)})")  # fmt: skip
+    try:
+        bare = check_code(code, where)
+    except LanguageError as e:
+        raise DataError(str(e)) from None
+    for lang in declared:
+        if same_language(bare, lang):
+            return lang
+    raise DataError(f"{where}: target language {code!r} is not one of data.tgt_langs ({', '.join(declared)})")
 
 
 def parse_jsonl(raw: bytes, path: str | Path, lineno: int, fields: Sequence[str]) -> tuple[bytes, bytes]:
@@ -126,7 +194,7 @@ def _json_side(obj: dict[str, Any], name: str, side: str, where: str) -> bytes:
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
             keys = ", ".join(map(repr, value)) if isinstance(value, dict) else _json_type(value)
-            option = "--src-field" if side == "source" else "--tgt-field"
+            option = {"source": "--src-field", "target": "--tgt-field"}.get(side, "data.lang_field")
             raise DataError(f"{where}: no field {name!r} for the {side} (found: {keys}); {option} names another")
         value = value[part]
     if not isinstance(value, str):
@@ -170,6 +238,46 @@ def resolve_corpus(spec: str | Sequence[str], src_lang: str, tgt_lang: str, fiel
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     return Corpus(form, path, path, fields if form == "jsonl" else ("src", "tgt"))
+
+
+def resolve_corpora(
+    spec: str | Sequence[str], src_lang: str, tgt_lang: str, fields: tuple[str, str], *,
+    tgt_langs: Sequence[str] = (), lang_field: str = "tgt_lang",
+) -> list[Corpus]:  # fmt: skip
+    """The corpora of one split: :func:`resolve_corpus`'s one, or with several target languages (``tgt_langs``) a
+    prefix's corpus for each language, two files with the target file's language, or a TSV or JSON Lines file whose
+    lines name theirs (see the module docstring).
+
+    Raises:
+        DataError: a file is missing; two files whose target file's suffix names no language of ``tgt_langs``.
+    """
+    if not tgt_langs:
+        return [resolve_corpus(spec, src_lang, tgt_lang, fields)]
+    form = corpus_format(spec)
+    if form != "files":
+        return [dataclasses.replace(resolve_corpus(spec, src_lang, tgt_lang, fields), lang_field=lang_field)]
+    if isinstance(spec, str):
+        return [Corpus("files", resolve_corpus_file(spec, src_lang), resolve_corpus_file(spec, lang), lang=lang)
+                for lang in tgt_langs]  # fmt: skip
+    corpus = resolve_corpus(spec, src_lang, tgt_lang, fields)
+    suffix = corpus.tgt.name.removesuffix(".gz").rpartition(".")[2]
+    for lang in tgt_langs:
+        if same_language(suffix, lang):
+            return [dataclasses.replace(corpus, lang=lang)]
+    raise DataError(f"{corpus.tgt}: the target file's suffix {suffix!r} names no language of data.tgt_langs "
+                    f"({', '.join(tgt_langs)}); name the file after its language (train.{tgt_langs[0]})")  # fmt: skip
+
+
+def split_entries(parts: Sequence[Corpus]) -> Iterator[tuple[int, bytes, bytes, str]]:
+    """:meth:`Corpus.entries` of a split's corpora one after the other, numbered on (``line number``: 1 + the lines
+    of the corpora before)."""
+    offset = 0
+    for part in parts:
+        last = 0
+        for lineno, src, tgt, lang in part.entries():
+            yield offset + lineno, src, tgt, lang
+            last = lineno
+        offset += last
 
 
 def split_name(spec: str | Sequence[str], corpus: Corpus) -> str:
@@ -234,19 +342,29 @@ def read_side(
 def corpus_of_record(record: dict[str, Any]) -> Corpus:
     """The :class:`Corpus` a prepared manifest's ``inputs[split]`` entry describes (older manifests: two files)."""
     fields = tuple(record.get("fields", ("src", "tgt")))
-    return Corpus(record.get("format", "files"), Path(record["src"]["path"]), Path(record["tgt"]["path"]), fields)
+    return Corpus(record.get("format", "files"), Path(record["src"]["path"]), Path(record["tgt"]["path"]), fields,
+                  lang=record.get("lang", ""), lang_field=record.get("lang_field", ""))  # fmt: skip
+
+
+def corpora_of_record(record: dict[str, Any]) -> list[Corpus]:
+    """The corpora of a split as the manifest describes them: ``parts`` (several target languages' files) or one."""
+    return [corpus_of_record(part) for part in record.get("parts", [record])]
 
 
 __all__ = [
     "FORMATS",
     "Corpus",
+    "corpora_of_record",
     "corpus_format",
     "corpus_of_record",
     "jsonl_field",
+    "line_language",
     "parse_jsonl",
     "read_corpus",
     "read_side",
+    "resolve_corpora",
     "resolve_corpus",
+    "split_entries",
     "split_name",
     "split_tsv",
 ]

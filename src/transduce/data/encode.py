@@ -38,11 +38,13 @@ class EncodeOptions:
     skip_invalid_utf8: bool
     dedup: bool
     case_augment: float = 0.0  # share of training pairs added again with the source lowercased (transduce.casing)
+    # several target languages: each language's token id, put before the source ids (transduce.langs)
+    lang_ids: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class Chunk:
-    """Raw pairs of one corpus; ``first_line`` is the 0-based line of ``src[0]``."""
+    """Raw pairs of one corpus; ``first_line`` is the 0-based line of ``src[0]`` in its file(s)."""
 
     train: bool  # clean (drop empty, long, unbalanced pairs); else keep every line
     src_path: str
@@ -50,6 +52,8 @@ class Chunk:
     first_line: int
     src: list[bytes]
     tgt: list[bytes]
+    langs: list[str] = field(default_factory=list)  # several target languages: each pair's (EncodeOptions.lang_ids)
+    offset: int = 0  # the lines of the split's corpora before this one: a pair's line in the split is offset + line
 
 
 @dataclass
@@ -105,7 +109,7 @@ def encode_chunk(chunk: Chunk) -> Encoded:
     counts = dict.fromkeys(DROP_REASONS, 0)
     src_texts = _decode_all(chunk.src, chunk.src_path, chunk.first_line, opts.skip_invalid_utf8)
     tgt_texts = _decode_all(chunk.tgt, chunk.tgt_path, chunk.first_line, opts.skip_invalid_utf8)
-    kept, srcs, tgts = [], [], []
+    kept, srcs, tgts, prefixes = [], [], [], []
     for k, (s, t) in enumerate(zip(src_texts, tgt_texts)):
         if s is None or t is None:
             counts["invalid_utf8"] += 1
@@ -116,22 +120,28 @@ def encode_chunk(chunk: Chunk) -> Encoded:
         elif chunk.train and (not s.strip() or not t.strip()):
             counts["empty"] += 1
             continue
+        prefix = [opts.lang_ids[chunk.langs[k]]] if chunk.langs else []  # the target-language token
         kept.append(k)
         srcs.append(s)
         tgts.append(t)
-        if chunk.train and augmented(chunk.first_line + k, opts.case_augment):
+        prefixes.append(prefix)
+        if chunk.train and augmented(chunk.offset + chunk.first_line + k, opts.case_augment):
             s_aug, t_aug = augment_pair(s, t)
             if s_aug != s:  # a copy only where lowercasing changes something
                 kept.append(k)
                 srcs.append(s_aug)
                 tgts.append(t_aug)
-    lines = [chunk.first_line + k for k in kept]
+                prefixes.append(prefix)
+    lines = [chunk.offset + chunk.first_line + k for k in kept]
     raws = [(s.encode(), t.encode()) for s, t in zip(srcs, tgts)] if opts.dedup and chunk.train else []
-    src, src_lens = _flat(tok.encode_src_batch(srcs))
+    if chunk.langs:  # (a duplicate is the same pair into the same language)
+        raws = [(p[0].to_bytes(4, "little") + s, t) for p, (s, t) in zip(prefixes, raws)]
+    prefixed = 1 if chunk.langs else 0
+    src, src_lens = _flat([[*p, *ids] for p, ids in zip(prefixes, tok.encode_src_batch(srcs))])
     tgt, tgt_lens = _flat(tok.encode_tgt_batch(tgts))
     line_arr = np.asarray(lines, dtype=np.int64)
     if chunk.train:
-        empty = (src_lens == 0) | (tgt_lens == 0)  # e.g. only characters that normalisation removes
+        empty = (src_lens == prefixed) | (tgt_lens == 0)  # e.g. only characters that normalisation removes
         too_long = ~empty & ((src_lens > opts.max_len) | (tgt_lens > opts.max_len))
         longer, shorter = np.maximum(src_lens, tgt_lens), np.maximum(np.minimum(src_lens, tgt_lens), 1)
         ratio = ~empty & ~too_long & (longer > opts.max_len_ratio * shorter)

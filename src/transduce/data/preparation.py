@@ -46,7 +46,7 @@ import transduce
 from transduce.casing import Truecaser, augment_pair, augmented
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE, MIX_SPLIT, SplitWriter, ids_dtype, split_files
-from transduce.data.corpus import Corpus, resolve_corpus, split_name
+from transduce.data.corpus import Corpus, line_language, resolve_corpora, split_entries, split_name
 from transduce.data.encode import (
     DROP_REASONS,
     UTF8_HINT,
@@ -60,9 +60,10 @@ from transduce.data.encode import (
 from transduce.data.output import install, make_temp_dir, read_json, write_json
 from transduce.download import missing_corpus_hint
 from transduce.errors import DataError
+from transduce.langs import tokens_for
 from transduce.special import SPECIAL_IDS
 from transduce.textio import line_count_error, scan_text, sha256_file
-from transduce.tokenizer import Tokenizer
+from transduce.tokenizer import Tokenizer, Vocabulary
 from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ def _prepare_text(
     out_dir = Path(out_dir)
     corpora = _corpora(cfg)
     options = {key: getattr(cfg, key) for key in _OPTION_KEYS}
+    if cfg.tgt_langs:  # (only then, so that earlier preparations of one target language are still reused)
+        options.update(tgt_langs=list(cfg.tgt_langs), lang_field=cfg.lang_field)
     if cfg.task != "translate":  # (only then, so that earlier translation preparations are still reused)
         options.update(task=cfg.task, tree_leaves=cfg.tree_leaves, tree_closing=cfg.tree_closing)
         if cfg.tree_min_count != 1:
@@ -167,11 +170,15 @@ def _prepare_text(
 
 
 def _prepare_into(
-    tmp: Path, cfg: DataConfig, corpora: dict[str, Corpus], inputs: dict, options: dict,
+    tmp: Path, cfg: DataConfig, corpora: dict[str, list[Corpus]], inputs: dict, options: dict,
     vocabulary: str | Path | None,
 ) -> dict[str, Any]:  # fmt: skip
-    for split, corpus in corpora.items():  # every input is checked before any real work
-        inputs[split]["src"]["lines"] = inputs[split]["tgt"]["lines"] = _check(corpus, cfg.skip_invalid_utf8)
+    lines: dict[str, int] = {}
+    for split, parts in corpora.items():  # every input is checked before any real work
+        records = inputs[split].get("parts", [inputs[split]])
+        for part, record in zip(parts, records):
+            record["src"]["lines"] = record["tgt"]["lines"] = _check(part, cfg.skip_invalid_utf8, cfg.tgt_langs)
+        lines[split] = sum(record["src"]["lines"] for record in records)
     workers = cfg.workers or os.cpu_count() or 1
     if vocabulary is not None and cfg.task != "parse":
         from transduce.checkpoint import copy_vocab
@@ -180,30 +187,33 @@ def _prepare_into(
         tok = load_vocabulary(tmp)
         log.info("encoding with the vocabulary of %s (%s)", vocabulary, tok)
     else:  # (a parser's tree tokens always come from its treebank; a pretrained vocabulary gives its source side)
-        tok = _train_vocabulary(tmp, cfg, corpora["train"], inputs["train"]["src"]["lines"], workers, vocabulary)
+        tok = _train_vocabulary(tmp, cfg, corpora["train"], lines["train"], workers, vocabulary)
+    lang_ids = _language_tokens(tmp, tok, cfg, given=vocabulary is not None and cfg.task != "parse")
+    if lang_ids:
+        tok = load_vocabulary(tmp)
     dtype = ids_dtype(max(tok.src_vocab_size, tok.tgt_vocab_size))
     enc_opts = EncodeOptions(
-        str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup, cfg.case_augment
+        str(tmp), cfg.max_len, cfg.max_len_ratio, cfg.skip_invalid_utf8, cfg.dedup, cfg.case_augment, lang_ids
     )
 
     splits: dict[str, Any] = {}
     with _Encoder(enc_opts, workers) as encoder:
-        for split, corpus in corpora.items():
+        for split, parts in corpora.items():
             writer = SplitWriter(tmp, split, dtype)
-            counts = _encode_split(encoder, writer, split, corpus, dedup=cfg.dedup and _kind(split) == "train")
+            chunks = _chunks(split, parts, cfg.tgt_langs)
+            counts = _encode_split(encoder, writer, split, chunks, dedup=cfg.dedup and _kind(split) == "train")
             info = writer.close()
             splits[split] = {
                 **info,
                 "kind": _kind(split),
-                "read": inputs[split]["src"]["lines"],
+                "read": lines[split],
                 "counts": counts,
                 "files": split_files(split),
             }
             _log_counts(split, splits[split], cfg)
     if splits["train"]["pairs"] == 0:
-        raise DataError(
-            f"{corpora['train']}: no sentence pairs left after cleaning ({_dropped(splits['train']['counts'])})"
-        )
+        raise DataError(f"{_names(corpora['train'])}: no sentence pairs left after cleaning "
+                        f"({_dropped(splits['train']['counts'])})")  # fmt: skip
     if vocabulary is None:
         _check_vocabulary_use(tmp, tok, cfg, dtype, splits["train"]["pairs"])
     return {
@@ -221,10 +231,31 @@ def _prepare_into(
     }
 
 
-def _check(corpus: Corpus, skip_invalid: bool) -> int:
+def _names(parts: list[Corpus]) -> str:
+    return " + ".join(map(str, parts))
+
+
+def _language_tokens(tmp: Path, tok: Vocabulary, cfg: DataConfig, *, given: bool) -> dict[str, int]:
+    """With ``data.tgt_langs``: the token id of each language, the tokens the vocabulary in ``tmp`` lacks added to
+    it (a pretrained vocabulary, ``given``, already has them: :func:`transduce.finetune.vocabulary` adds them)."""
+    if not cfg.tgt_langs:
+        return {}
+    tokens = tokens_for(cfg.tgt_langs, tok.lang_tokens())
+    missing = [t for t in tokens if t not in tok.lang_tokens()]
+    if missing and given:
+        raise DataError(f"the pretrained vocabulary has no token for {', '.join(missing)} (data.tgt_langs); "
+                        "train adds them when it starts from train.init_from")  # fmt: skip
+    if missing:
+        tok.with_lang_tokens(tmp, tokens)
+        log.info("target-language tokens added to the vocabulary: %s", ", ".join(missing))
+    held = load_vocabulary(tmp).lang_tokens()
+    return {lang: held[token] for lang, token in zip(cfg.tgt_langs, tokens)}
+
+
+def _check(corpus: Corpus, skip_invalid: bool, tgt_langs: list[str] | tuple[str, ...] = ()) -> int:
     """Pass 1: the files are UTF-8 (unless ``skip_invalid``) and the corpus is well formed (two files of equal
-    line counts; every TSV line with one tab; every JSON Lines line an object with both fields); returns the count
-    of pairs."""
+    line counts; every TSV line with one tab, two with a language column; every JSON Lines line an object with the
+    fields; every line's language one of ``tgt_langs``); returns the count of pairs."""
     counts = []
     for path in (corpus.src,) if corpus.single_file else (corpus.src, corpus.tgt):
         scan = scan_text(path)
@@ -232,15 +263,16 @@ def _check(corpus: Corpus, skip_invalid: bool) -> int:
             raise DataError(f"{scan.first_invalid}; {UTF8_HINT}")
         counts.append(scan.lines)
     if corpus.single_file:
-        for _ in corpus.pairs():  # raises at the first malformed line, naming it
-            pass
+        for lineno, _, _, lang in corpus.entries():  # raises at the first malformed line, naming it
+            if corpus.lang_field:
+                line_language(lang, tgt_langs, f"{corpus.src}, line {lineno}")
         return counts[0]
     if counts[0] != counts[1]:
         raise DataError(line_count_error(corpus.src, counts[0], corpus.tgt, counts[1]))
     return counts[0]
 
 
-def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, workers: int,
+def _train_vocabulary(tmp: Path, cfg: DataConfig, parts: list[Corpus], lines: int, workers: int,
                       source: str | Path | None = None) -> Tokenizer:  # fmt: skip
     """Train the tokenizer on a uniform sample of at most ``input_sentence_size`` training sentences (parsing with a
     ``source`` vocabulary directory: the target vocabulary alone, the source model being ``source``'s).
@@ -254,7 +286,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
     sample: list[tuple[str, str]] = []
     sources: list[str] = []  # the sampled source sentences, without the case-augmented copies (for the truecaser)
     next_line = next(wanted, None)
-    for lineno, s_raw, t_raw in corpus.pairs():
+    for lineno, s_raw, t_raw, _ in split_entries(parts):
         if lineno - 1 != next_line:
             continue
         next_line = next(wanted, None)
@@ -271,7 +303,7 @@ def _train_vocabulary(tmp: Path, cfg: DataConfig, corpus: Corpus, lines: int, wo
             break
     if not sample:
         where = f"{lines} lines" if lines <= k else f"none in a sample of {k} of {lines} lines"
-        raise DataError(f"{corpus}: no sentence pairs with text on both sides ({where})")
+        raise DataError(f"{_names(parts)}: no sentence pairs with text on both sides ({where})")
     if source is None:
         log.info("training a %s vocabulary of %d on %d sampled pairs", cfg.vocab_type, cfg.vocab_size, len(sample))
     rng.shuffle(sample)
@@ -336,25 +368,34 @@ def _check_vocabulary_use(tmp: Path, tok: Tokenizer, cfg: DataConfig, dtype: np.
                     f"{pairs:,}")  # fmt: skip
 
 
-def _chunks(split: str, corpus: Corpus) -> Iterator[Chunk]:
+def _chunks(split: str, parts: list[Corpus], tgt_langs: list[str]) -> Iterator[Chunk]:
+    """The chunks of a split's corpora, one after the other (a chunk never spans two corpora, so that its line
+    numbers name its files' lines); with ``tgt_langs`` each pair's language as it is declared there."""
     train = _kind(split) == "train"  # the mixed-in corpus is training data too: cleaned the same way
-    src, tgt = str(corpus.src), str(corpus.tgt)
-    first, s_buf, t_buf = 0, [], []
-    for lineno, s, t in corpus.pairs():
-        s_buf.append(s)
-        t_buf.append(t)
-        if len(s_buf) == CHUNK_PAIRS:
-            yield Chunk(train, src, tgt, first, s_buf, t_buf)
-            first, s_buf, t_buf = lineno, [], []
-    if s_buf:
-        yield Chunk(train, src, tgt, first, s_buf, t_buf)
+    offset = 0
+    for corpus in parts:
+        src, tgt = str(corpus.src), str(corpus.tgt)
+        first, s_buf, t_buf, l_buf = 0, [], [], []
+        lineno = 0
+        for lineno, s, t, lang in corpus.entries():
+            s_buf.append(s)
+            t_buf.append(t)
+            if tgt_langs:
+                l_buf.append(line_language(lang, tgt_langs, f"{corpus.src}, line {lineno}"))
+            if len(s_buf) == CHUNK_PAIRS:
+                yield Chunk(train, src, tgt, first, s_buf, t_buf, l_buf, offset)
+                first, s_buf, t_buf, l_buf = lineno, [], [], []
+        if s_buf:
+            yield Chunk(train, src, tgt, first, s_buf, t_buf, l_buf, offset)
+        offset += lineno
 
 
-def _encode_split(encoder: _Encoder, writer: SplitWriter, split: str, corpus: Corpus, *, dedup: bool) -> dict[str, int]:
+def _encode_split(encoder: _Encoder, writer: SplitWriter, split: str, chunks: Iterator[Chunk], *,
+                  dedup: bool) -> dict[str, int]:  # fmt: skip
     counts = dict.fromkeys(DROP_REASONS, 0)
     seen: set[int] = set()
     next_report = 1_000_000
-    for enc in encoder.map(_chunks(split, corpus)):
+    for enc in encoder.map(chunks):
         for key, value in enc.counts.items():
             counts[key] += value
         if dedup:
@@ -411,15 +452,16 @@ def _kind(split: str) -> str:
     return "train" if split in ("train", MIX_SPLIT) else "valid" if split == "valid" else "test"
 
 
-def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
+def _corpora(cfg: DataConfig) -> dict[str, list[Corpus]]:
     if not cfg.train:
         raise DataError("no training corpus: set data.train (--train PREFIX|FILE.tsv|FILE.jsonl, or --src-file and "
                         "--tgt-file)")  # fmt: skip
     fields = (cfg.src_field, cfg.tgt_field)
 
-    def resolve(key: str, spec: str | list[str]) -> Corpus:
+    def resolve(key: str, spec: str | list[str]) -> list[Corpus]:
         try:
-            return resolve_corpus(spec, cfg.src_lang, cfg.tgt_lang, fields)
+            return resolve_corpora(spec, cfg.src_lang, cfg.tgt_lang, fields, tgt_langs=cfg.tgt_langs,
+                                   lang_field=cfg.lang_field)  # fmt: skip
         except DataError as e:
             if "not found" not in str(e):
                 raise
@@ -431,15 +473,20 @@ def _corpora(cfg: DataConfig) -> dict[str, Corpus]:
     if cfg.valid:
         corpora["valid"] = resolve("data.valid", cfg.valid)
     for spec in cfg.test:
-        corpus = resolve("data.test", spec)
-        name = split_name(spec, corpus)
+        parts = resolve("data.test", spec)
+        name = split_name(spec, parts[0])
         if name in corpora:
-            raise DataError(f"test set {corpus}: the split name {name!r} is already taken; rename the files")
-        corpora[name] = corpus
+            raise DataError(f"test set {_names(parts)}: the split name {name!r} is already taken; rename the files")
+        corpora[name] = parts
     return corpora
 
 
-def _describe(corpus: Corpus) -> dict[str, Any]:
+def _describe(parts: list[Corpus]) -> dict[str, Any]:
+    """A split's inputs in the manifest: one corpus's record, or ``parts``, one record per corpus (several target
+    languages' files)."""
+    if len(parts) > 1:
+        return {"format": "parts", "parts": [_describe([part]) for part in parts]}
+    corpus = parts[0]
     src = file_record(corpus.src)
     return {**corpus.record(), "src": src, "tgt": dict(src) if corpus.single_file else file_record(corpus.tgt)}
 
@@ -454,12 +501,17 @@ def _fingerprint(manifest: dict[str, Any]) -> tuple:
     """What must match for an earlier preparation to be reused: format version, options, inputs (how each corpus is
     read and the checksums of its files)."""
     inputs = {
-        split: (
-            record.get("format", "files"),
-            tuple(record.get("fields", ())),
-            *(record[side]["sha256"] for side in ("src", "tgt")),
+        split: tuple(
+            (
+                record.get("format", "files"),
+                tuple(record.get("fields", ())),
+                record.get("lang", ""),
+                record.get("lang_field", ""),
+                *(record[side]["sha256"] for side in ("src", "tgt")),
+            )
+            for record in split_record.get("parts", [split_record])
         )
-        for split, record in manifest["inputs"].items()
+        for split, split_record in manifest["inputs"].items()
     }
     return manifest.get("version", VERSION), manifest["options"], inputs
 

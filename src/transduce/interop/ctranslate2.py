@@ -15,6 +15,14 @@ converted model, so::
     pieces = sp.encode("A man rides a bike.", out_type=str)      # lowercase first if the model was trained so
     result = translator.translate_batch([pieces], beam_size=4)
     print(sp.decode(result[0].hypotheses[0]))
+
+A multilingual model (``data.tgt_langs``) reads its target-language token as the first source piece, as Marian's
+multilingual models do: CTranslate2 needs nothing else (no ``target_prefix``). ``transduce.json`` lists the tokens;
+pass them as ``suppress_sequences`` so that the search never writes one, as transduce's never does::
+
+    tokens = json.load(open("OUT/transduce.json"))["lang_tokens"]            # [">>deu<<", ">>fra<<", ...]
+    result = translator.translate_batch([[">>fra<<", *pieces]], beam_size=4,
+                                        suppress_sequences=[[t] for t in tokens])
 """
 
 from __future__ import annotations
@@ -157,6 +165,11 @@ def export_ctranslate2(
         "note": "sources are SentencePiece pieces without </s> (CTranslate2 adds it); lowercase first if "
         "lowercase is true",
     }
+    tokens = list(tokenizer.lang_tokens())
+    if tokens:
+        info["lang_tokens"] = tokens
+        info["lang_note"] = ("a multilingual model: its target language's token is the first source piece "
+                             "(>>fra<<, then the pieces); suppress_sequences=[[t] for t in lang_tokens]")  # fmt: skip
     with replaced_on_success(out) as staging:  # built beside it: a failure half-way leaves the old directory
         _SpecConverter().convert(str(staging), quantization=quantization, force=True)
         _copy_tokenizer_files(tokenizer, staging)

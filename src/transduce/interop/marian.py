@@ -355,7 +355,8 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
     out = prepare_output(out_dir, overwrite=overwrite)
     hf = marian_model(model)
     c, d = model.config, config.decode
-    bad = [[c.pad_id]] + ([[c.bos_id]] if c.bos_id != c.pad_id else [])  # our search never emits pad or bos
+    # our search never emits pad, bos or a multilingual model's target-language tokens (model.suppress_ids)
+    bad = [[c.pad_id]] + ([[c.bos_id]] if c.bos_id != c.pad_id else []) + [[i] for i in c.suppress_ids]
     hf.generation_config = transformers.GenerationConfig(
         decoder_start_token_id=c.bos_id,
         bos_token_id=c.bos_id,
@@ -363,11 +364,11 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
         pad_token_id=c.pad_id,
         forced_eos_token_id=c.eos_id,
         num_beams=d.beam,
-        length_penalty=d.length_penalty,
-        early_stopping=d.early_stopping,  # True: stop at num_beams finished hypotheses, as our early_stopping
         max_length=min(512, c.max_positions),  # as opus-mt; Hugging Face's default of 20 cuts translations short
         bad_words_ids=bad,
-    )
+        # beam settings only with a beam: transformers refuses to save them beside num_beams 1 (greedy decoding)
+        **(dict(length_penalty=d.length_penalty, early_stopping=d.early_stopping) if d.beam > 1 else {}),
+    )  # early_stopping True: stop at num_beams finished hypotheses, as our early_stopping
     staging = out.parent / f".{out.name}.export-tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -375,7 +376,7 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
         with quiet_progress(transformers):
             hf.save_pretrained(str(staging))
         write_marian_vocab(tokenizer, staging, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang)
-        (staging / "README.md").write_text(_model_card(config, source), encoding="utf-8")
+        (staging / "README.md").write_text(_model_card(config, source, list(tokenizer.lang_tokens())), encoding="utf-8")
         with quiet_progress(transformers):
             reloaded = hf_class(model.config).from_pretrained(str(staging)).eval()
         err = parity_error(model, reloaded)
@@ -390,7 +391,7 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
     return out
 
 
-def _model_card(config: Config, source: str | Path) -> str:
+def _model_card(config: Config, source: str | Path, tokens: list[str]) -> str:
     c, d = config.model, config.decode
     cls = hf_class(c).__name__
     case = (
@@ -406,16 +407,21 @@ def _model_card(config: Config, source: str | Path) -> str:
             f"transduce's length penalty is GNMT's ((5 + |Y|) / 6) ** {d.length_penalty}; Hugging Face divides by\n"
             "|Y| ** length_penalty instead, so n-best orders can differ where the penalty decides."
         )
+    langs = ""
+    if tokens:
+        listed = ", ".join(f"`{t}`" for t in tokens)
+        langs = (f"\nA multilingual model: put the target language's token before each source sentence ({listed}), "
+                 f"as OPUS-MT's multilingual models take it:\n`tok([\"{tokens[0]} A sentence.\"])`.\n")  # fmt: skip
     return f"""---
 library_name: transformers
 pipeline_tag: translation
 tags: [translation, {"pegasus" if c.norm == "pre" else "marian"}, transduce]
 ---
-# {config.data.src_lang}-{config.data.tgt_lang} Transformer exported by transduce
+# {config.data.src_lang}-{"+".join(config.data.tgt_langs) or config.data.tgt_lang} Transformer exported by transduce
 
 Exported from `{source}`: {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, d_ff {c.d_ff},
 {c.heads} heads, vocabulary {c.src_vocab_size}{"" if c.share_vocab else f"/{c.tgt_vocab_size}"}.
-{case}
+{case}{langs}
 ```python
 from transformers import {cls}, MarianTokenizer
 
@@ -479,6 +485,10 @@ def load_hf(directory: str | Path, device: str | torch.device = "cpu") -> tuple[
             f"{directory}: the vocabulary has {vocab.src_vocab_size}/{vocab.tgt_vocab_size} entries, the model "
             f"{mc.src_vocab_size}/{mc.tgt_vocab_size}"
         )
+    suppress = vocab.lang_token_tgt_ids()  # a multilingual model's >>xxx<< tokens: never generated (transduce.langs)
+    if suppress:
+        mc = mc.replace(suppress_ids=suppress)
+        log.info("%s: %d target-language tokens (%s, ...)", directory, len(suppress), vocab.tgt_pieces(suppress[:3]))
     model = Transformer(mc)
     copy_from_marian(hf, model)
     gen = getattr(hf, "generation_config", None)

@@ -156,8 +156,9 @@ def constrain(
     """Mask (to -inf, in place) the tokens that may not come next; the others keep their log-probability (or logit:
     beam search masks the logits when it takes its candidates from them).
 
-    Rules: PAD and BOS are never generated; EOS not before ``min_len`` tokens; only EOS once ``max_len`` tokens are
-    generated (this wins over ``min_len``); no n-gram of size ``no_repeat_ngram`` twice in a hypothesis.
+    Rules: PAD, BOS and ``config.suppress_ids`` are never generated; EOS not before ``min_len`` tokens; only EOS
+    once ``max_len`` tokens are generated (this wins over ``min_len``); no n-gram of size ``no_repeat_ngram`` twice
+    in a hypothesis.
 
     Args:
         log_probs: (R, V) log-probabilities of the next token for R rows.
@@ -223,8 +224,10 @@ def follow_the_constraint(
 
 
 def always_masked(config: Any, step: int, min_len: int) -> list[int]:
-    """The tokens :func:`constrain` masks in every row at ``step``: PAD, BOS, and EOS before ``min_len``."""
-    return [config.pad_id, config.bos_id, *([config.eos_id] if step < min_len else [])]
+    """The tokens :func:`constrain` masks in every row at ``step``: PAD, BOS, the model's ``suppress_ids`` (a
+    multilingual model's target-language tokens), and EOS before ``min_len``."""
+    suppressed = getattr(config, "suppress_ids", ())
+    return [config.pad_id, config.bos_id, *suppressed, *([config.eos_id] if step < min_len else [])]
 
 
 def masks_rows_alike(step: int, *, max_len: Tensor, no_repeat_ngram: int, **_: Any) -> bool:
