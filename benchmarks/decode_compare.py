@@ -1,5 +1,6 @@
-"""Decoding speed and quality of one model across decoders: transduce (float32 and dynamic int8), Hugging Face
-``MarianMTModel.generate`` (post-norm models only) and CTranslate2 (float32 and int8), all with the same weights
+"""Decoding speed and quality of one model across decoders: transduce (float32, bf16 products and dynamic int8),
+Hugging Face ``MarianMTModel.generate`` (post-norm models only) and CTranslate2 (float32, int8, and int16, bfloat16
+and int8_bfloat16 where its CPU build offers them; else a line says it is left out), all with the same weights
 (exported by ``transduce.interop``), on the same sentences in the same batches, measured side by side in one run.
 
     python benchmarks/decode_compare.py --model runs/m30k_en_de_r1 \\
@@ -89,12 +90,14 @@ class HF:
 
 
 class CT2:
-    def __init__(self, model_dir: Path, tokenizer, name: str) -> None:
+    def __init__(self, model_dir: Path, tokenizer, name: str, compute_type: str = "default") -> None:
         import ctranslate2
 
         self.name, self.tok = name, tokenizer
         threads = torch.get_num_threads()
-        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
+        self.translator = ctranslate2.Translator(
+            str(model_dir), device="cpu", intra_threads=threads, inter_threads=1, compute_type=compute_type
+        )
         self.vocab = {p: i for i, p in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
 
     def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
@@ -149,7 +152,10 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=0, help="first N sentences (0: all; synthetic: 500)")
     ap.add_argument("--batches", default="32,64")
     ap.add_argument("--modes", default="greedy,beam4")
-    ap.add_argument("--decoders", default="ours,ours-early,ours-int8,ours-int8-early,hf,ct2,ct2-int8")
+    ap.add_argument(
+        "--decoders",
+        default="ours,ours-early,ours-bf16,ours-int8,ours-int8-early,hf,ct2,ct2-int16,ct2-bf16,ct2-int8,ct2-int8-bf16",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--length-penalty", type=float, default=0.6, help="transduce's alpha (default: the paper's 0.6)")
     ap.add_argument("--length-norm", default="gnmt", help="transduce's penalty: gnmt or length (|Y| ** alpha)")
@@ -178,10 +184,12 @@ def main() -> None:
     tok = translator.tokenizer
     wanted = args.decoders.split(",")
     decoders = []
-    int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in args.decoders else None
+    int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in wanted_any(wanted) else None
+    bf16 = Translator(translator.model, tok, translator.decode, precision="bf16") if "ours-bf16" in wanted else None
     for name, tr, label, early in [
         ("ours", translator, "transduce fp32", False),
         ("ours-early", translator, "transduce fp32, early stopping", True),
+        ("ours-bf16", bf16, "transduce bf16", False),
         ("ours-int8", int8, "transduce int8", False),
         ("ours-int8-early", int8, "transduce int8, early stopping", True),
     ]:
@@ -203,6 +211,20 @@ def main() -> None:
         decoders.append(
             CT2(export_ctranslate2(source, work / "ct2-int8", quantization="int8"), tok, "CTranslate2 int8")
         )
+    # CTranslate2's bf16 compute types, where its CPU build offers them (its float32 model, converted on loading)
+    offered = ctranslate2_compute_types()
+    for name, compute_type, label in [
+        ("ct2-int16", "int16", "CTranslate2 int16"),
+        ("ct2-bf16", "bfloat16", "CTranslate2 bf16"),
+        ("ct2-int8-bf16", "int8_bfloat16", "CTranslate2 int8_bfloat16"),
+    ]:
+        if name not in wanted:
+            continue
+        if compute_type not in offered:
+            print(f"{label} left out: this CTranslate2's CPU build offers {', '.join(sorted(offered))}")
+            continue
+        export = work / "ct2" if (work / "ct2").exists() else export_ctranslate2(source, work / "ct2")
+        decoders.append(CT2(export, tok, label, compute_type))
 
     ids, refs = load_inputs(args, translator)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -242,6 +264,20 @@ def main() -> None:
             print(f"{mode}, batch {bs}: done", file=sys.stderr, flush=True)
     header = ("mode", "batch", "decoder", "sent/s", "output tok/s", "vs CTranslate2 fp32", "BLEU", "lc-tok BLEU")
     print(table(header, rows))
+
+
+def wanted_any(wanted: list[str]) -> str:
+    """The transduce decoders asked for, as one string (to test for ``int8`` among them)."""
+    return ",".join(w for w in wanted if w.startswith("ours"))
+
+
+def ctranslate2_compute_types() -> set[str]:
+    """The compute types CTranslate2's build offers on the CPU (an empty set without CTranslate2)."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return set()
+    return set(ctranslate2.get_supported_compute_types("cpu"))
 
 
 def translator_lang(args) -> str:
