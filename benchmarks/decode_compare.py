@@ -13,6 +13,10 @@ and decoder it prints sentences/s and output tokens/s (median of ``--reps``), th
 float32, and with ``--ref`` the BLEU of the output (sacreBLEU on detokenised text, and lowercased Moses-tokenised
 BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``.
 
+Variants of transduce's fast paths, for comparisons on one CPU (not in the default list): ``ours-onednn-layers``
+(fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``) and
+``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off).
+
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
 does: the ``-early`` decoders (beam search only). Length penalties: transduce uses GNMT's ((5 + |Y|) / 6) ** 0.6
@@ -24,6 +28,7 @@ same n-best lists and scores, ``tests/test_interop.py``). Speed hardly depends o
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -32,6 +37,7 @@ from pathlib import Path
 import torch
 
 from harness import add_common_args, apply_common_args, interleaved, machine, table
+from transduce import fastpaths
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.search import generate
@@ -43,8 +49,8 @@ MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
 
 
 class Ours:
-    def __init__(self, translator: Translator, name: str, decode: DecodeConfig) -> None:
-        self.tr, self.name, self.decode = translator, name, decode
+    def __init__(self, translator: Translator, name: str, decode: DecodeConfig, paths: dict | None = None) -> None:
+        self.tr, self.name, self.decode, self.paths = translator, name, decode, paths or {}
 
     @property
     def early_stopping(self) -> bool:
@@ -54,9 +60,10 @@ class Ours:
         c = self.tr.model.config
         cfg = self.decode.replace(beam=beam)
         out = []
-        for batch in batches:
-            src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
-            out += [hyps[0].tokens for hyps in generate(self.tr.model, src, cfg)]
+        with fastpaths.override(**self.paths):  # (the fast-path variants: their settings for their runs only)
+            for batch in batches:
+                src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
+                out += [hyps[0].tokens for hyps in generate(self.tr.model, src, cfg)]
         return out
 
 
@@ -185,20 +192,28 @@ def main() -> None:
     wanted = args.decoders.split(",")
     decoders = []
     int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in wanted_any(wanted) else None
-    bf16 = Translator(translator.model, tok, translator.decode, precision="bf16") if "ours-bf16" in wanted else None
-    for name, tr, label, early in [
-        ("ours", translator, "transduce fp32", False),
-        ("ours-early", translator, "transduce fp32, early stopping", True),
-        ("ours-bf16", bf16, "transduce bf16", False),
-        ("ours-int8", int8, "transduce int8", False),
-        ("ours-int8-early", int8, "transduce int8, early stopping", True),
+    bf16 = None
+    if {"ours-bf16", "ours-bf16-fallback"} & set(wanted):  # bf16 products, the rest float32 (model/bf16.py)
+        bf16 = Translator(translator.model, tok, translator.decode, precision="bf16")
+    cast = None
+    if "ours-bf16-cast" in wanted:  # the whole model in bf16 (what precision bf16 means on a GPU)
+        cast = Translator(copy.deepcopy(translator.model).to(torch.bfloat16), tok, translator.decode)
+    for name, tr, label, early, paths in [
+        ("ours", translator, "transduce fp32", False, None),
+        ("ours-early", translator, "transduce fp32, early stopping", True, None),
+        ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
+        ("ours-bf16", bf16, "transduce bf16", False, None),
+        ("ours-bf16-fallback", bf16, "transduce bf16, F.linear products", False, {"bf16_onednn": False}),
+        ("ours-bf16-cast", cast, "transduce, whole model cast to bf16", False, None),
+        ("ours-int8", int8, "transduce int8", False, None),
+        ("ours-int8-early", int8, "transduce int8, early stopping", True, None),
     ]:
         if name in wanted:
             decode = DecodeConfig(
                 max_len_a=1.0, max_len_b=MAX_EXTRA, early_stopping=early, length_penalty=args.length_penalty,
                 length_norm=args.length_norm,
             )  # fmt: skip
-            decoders.append(Ours(tr, label, decode))
+            decoders.append(Ours(tr, label, decode, paths))
     if "hf" in wanted:
         problems = export_problems(translator.model.config)
         if problems:
