@@ -137,7 +137,8 @@ def cpu_features() -> CpuFeatures:
 def onednn_beats_mkl(cpu: CpuFeatures | None = None) -> bool:
     """Whether oneDNN's fp32 products beat MKL's (behind ``F.linear``) on ``cpu`` (default: this one): PyTorch uses
     AVX-512 and the CPU is AMD's, where MKL's kernels stop at AVX2. On Intel MKL uses AVX-512 too, and oneDNN for
-    every layer made a Multi30k beam search slower (0.72x on a Xeon with AMX, one thread; docs/benchmarks.md)."""
+    every layer gave a Multi30k beam search no steady gain (1.04x at batch 32, 0.91x at 64 on a Xeon with AMX, one
+    thread; docs/benchmarks.md)."""
     cpu = cpu_features() if cpu is None else cpu
     return cpu.capability == "AVX512" and cpu.vendor == "AuthenticAMD"
 
