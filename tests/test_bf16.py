@@ -129,7 +129,8 @@ def test_bf16_products_copies_the_model_and_leaves_the_rest_float32():
 
 def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkpoint: Path):
     """The trained copy model translates the same in bf16 as in fp32 (beam 4 and greedy), with oneDNN's product and
-    with the fallback, and the n-best scores stay close."""
+    the conversion kernels, and with both fallbacks (``F.linear``, ``Tensor.to``: the path of a CPU without
+    AVX-512 or a build without the kernels), and the n-best scores stay close."""
     sentences = copy_sentences(24, seed=5)
     fp32 = Translator.load(copy_checkpoint, precision="fp32")
     half = Translator.load(copy_checkpoint, precision="bf16")
@@ -138,7 +139,7 @@ def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkp
         expected = fp32.translate(sentences, beam=4), fp32.translate(sentences, beam=1)
         scores = [h[0].score for h in fp32.translate_nbest(sentences, nbest=1, beam=4)]
         for on in (True, False):
-            with fastpaths.override(bf16_onednn=on):
+            with fastpaths.override(bf16_onednn=on, kernels=on):
                 assert (half.translate(sentences, beam=4), half.translate(sentences, beam=1)) == expected
                 got = [h[0].score for h in half.translate_nbest(sentences, nbest=1, beam=4)]
                 assert got == pytest.approx(scores, abs=0.05)
