@@ -147,9 +147,10 @@ def decode_precision(cpu: CpuFeatures | None = None) -> tuple[str, str]:
     """The precision ``auto`` decodes in on ``cpu`` (default: this one), and why: ``bf16`` (bf16 weights and
     products, the rest float32; :mod:`transduce.model.bf16`) where the CPU has AMX-BF16, else ``fp32``.
 
-    Measured on a Xeon with AMX in docs/benchmarks.md (speed and BLEU against fp32). A CPU with
-    AVX512-BF16 but no AMX stays fp32 (oneDNN's bf16 products there are unmeasured in a beam search), and so do
-    CPUs without either (bf16 would be emulated)."""
+    Measured on a Xeon with AMX (docs/benchmarks.md): a Multi30k beam search at 1.87x fp32's speed, BLEU within
+    0.1. A CPU with AVX512-BF16 but no AMX stays fp32: with oneDNN kept to those instructions on the same Xeon the
+    search ran at 0.71x fp32 (an AMD CPU with AVX512-BF16 is unmeasured); and so do CPUs without either (bf16
+    would be emulated)."""
     cpu = cpu_features() if cpu is None else cpu
     if cpu.amx_bf16 and onednn_available():
         return "bf16", "auto: this CPU multiplies bf16 matrices in AMX tiles"

@@ -8,10 +8,12 @@ float32 kernels (``model/kernels.py``) keep running there. This is what ``precis
 :class:`~transduce.translate.Translator` on the CPU, and what ``precision="auto"`` picks on a CPU with AMX
 (:func:`transduce.fastpaths.decode_precision`).
 
-Why: on a CPU with AMX (Intel Xeon from Sapphire Rapids on), oneDNN multiplies bf16 matrices with the AMX tiles,
-several times faster than float32 products (``benchmarks/linear_backends.py``, docs/benchmarks.md). Casting the
-whole model to bf16 instead (``model.to(torch.bfloat16)``) loses transduce's float32 kernels and was slower than
-float32 on the Multi30k model.
+Why: on a CPU with AMX (Intel Xeon from Sapphire Rapids on), oneDNN multiplies bf16 matrices with the AMX tiles:
+1.8-3.2x the speed of float32 products on the Multi30k model's shapes (``benchmarks/linear_backends.py``), and a
+beam search 1.87x fp32's, where casting the whole model to bf16 (``model.to(torch.bfloat16)``, transduce's float32
+kernels then off) gave 1.53x and bf16 products through ``F.linear`` 1.55x (docs/benchmarks.md). Without AMX
+(oneDNN kept to AVX512-BF16's vector instructions) the same search ran at 0.71x fp32, so ``auto`` picks bf16 only
+with AMX.
 
 How the products run: with ``fastpaths.settings.bf16_onednn`` (where PyTorch has oneDNN), through oneDNN's linear
 with the weight packed once into oneDNN's layout and the ReLU fused; else (the fallback) ``F.linear`` on bf16
