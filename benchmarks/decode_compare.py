@@ -1,5 +1,6 @@
-"""Decoding speed and quality of one model across decoders: transduce (float32 and dynamic int8), Hugging Face
-``MarianMTModel.generate`` (post-norm models only) and CTranslate2 (float32 and int8), all with the same weights
+"""Decoding speed and quality of one model across decoders: transduce (float32, bf16 products and dynamic int8),
+Hugging Face ``MarianMTModel.generate`` (post-norm models only) and CTranslate2 (float32, int8, and int16, bfloat16
+and int8_bfloat16 where its CPU build offers them; else a line says it is left out), all with the same weights
 (exported by ``transduce.interop``), on the same sentences in the same batches, measured side by side in one run.
 
     python benchmarks/decode_compare.py --model runs/m30k_en_de_r1 \\
@@ -12,6 +13,10 @@ and decoder it prints sentences/s and output tokens/s (median of ``--reps``), th
 float32, and with ``--ref`` the BLEU of the output (sacreBLEU on detokenised text, and lowercased Moses-tokenised
 BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``.
 
+Variants of transduce's fast paths, for comparisons on one CPU (not in the default list): ``ours-onednn-layers``
+(fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``) and
+``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off).
+
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
 does: the ``-early`` decoders (beam search only). Length penalties: transduce uses GNMT's ((5 + |Y|) / 6) ** 0.6
@@ -23,6 +28,7 @@ same n-best lists and scores, ``tests/test_interop.py``). Speed hardly depends o
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -31,6 +37,7 @@ from pathlib import Path
 import torch
 
 from harness import add_common_args, apply_common_args, interleaved, machine, table
+from transduce import fastpaths
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.search import generate
@@ -42,8 +49,8 @@ MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
 
 
 class Ours:
-    def __init__(self, translator: Translator, name: str, decode: DecodeConfig) -> None:
-        self.tr, self.name, self.decode = translator, name, decode
+    def __init__(self, translator: Translator, name: str, decode: DecodeConfig, paths: dict | None = None) -> None:
+        self.tr, self.name, self.decode, self.paths = translator, name, decode, paths or {}
 
     @property
     def early_stopping(self) -> bool:
@@ -53,9 +60,10 @@ class Ours:
         c = self.tr.model.config
         cfg = self.decode.replace(beam=beam)
         out = []
-        for batch in batches:
-            src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
-            out += [hyps[0].tokens for hyps in generate(self.tr.model, src, cfg)]
+        with fastpaths.override(**self.paths):  # (the fast-path variants: their settings for their runs only)
+            for batch in batches:
+                src = pad_sequences([[*ids, c.eos_id] for ids in batch], c.pad_id)
+                out += [hyps[0].tokens for hyps in generate(self.tr.model, src, cfg)]
         return out
 
 
@@ -89,12 +97,14 @@ class HF:
 
 
 class CT2:
-    def __init__(self, model_dir: Path, tokenizer, name: str) -> None:
+    def __init__(self, model_dir: Path, tokenizer, name: str, compute_type: str = "default") -> None:
         import ctranslate2
 
         self.name, self.tok = name, tokenizer
         threads = torch.get_num_threads()
-        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=threads, inter_threads=1)
+        self.translator = ctranslate2.Translator(
+            str(model_dir), device="cpu", intra_threads=threads, inter_threads=1, compute_type=compute_type
+        )
         self.vocab = {p: i for i, p in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
 
     def run(self, batches: list[list[list[int]]], beam: int) -> list[list[int]]:
@@ -149,7 +159,10 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=0, help="first N sentences (0: all; synthetic: 500)")
     ap.add_argument("--batches", default="32,64")
     ap.add_argument("--modes", default="greedy,beam4")
-    ap.add_argument("--decoders", default="ours,ours-early,ours-int8,ours-int8-early,hf,ct2,ct2-int8")
+    ap.add_argument(
+        "--decoders",
+        default="ours,ours-early,ours-bf16,ours-int8,ours-int8-early,hf,ct2,ct2-int16,ct2-bf16,ct2-int8,ct2-int8-bf16",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--length-penalty", type=float, default=0.6, help="transduce's alpha (default: the paper's 0.6)")
     ap.add_argument("--length-norm", default="gnmt", help="transduce's penalty: gnmt or length (|Y| ** alpha)")
@@ -178,19 +191,29 @@ def main() -> None:
     tok = translator.tokenizer
     wanted = args.decoders.split(",")
     decoders = []
-    int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in args.decoders else None
-    for name, tr, label, early in [
-        ("ours", translator, "transduce fp32", False),
-        ("ours-early", translator, "transduce fp32, early stopping", True),
-        ("ours-int8", int8, "transduce int8", False),
-        ("ours-int8-early", int8, "transduce int8, early stopping", True),
+    int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in wanted_any(wanted) else None
+    bf16 = None
+    if {"ours-bf16", "ours-bf16-fallback"} & set(wanted):  # bf16 products, the rest float32 (model/bf16.py)
+        bf16 = Translator(translator.model, tok, translator.decode, precision="bf16")
+    cast = None
+    if "ours-bf16-cast" in wanted:  # the whole model in bf16 (what precision bf16 means on a GPU)
+        cast = Translator(copy.deepcopy(translator.model).to(torch.bfloat16), tok, translator.decode)
+    for name, tr, label, early, paths in [
+        ("ours", translator, "transduce fp32", False, None),
+        ("ours-early", translator, "transduce fp32, early stopping", True, None),
+        ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
+        ("ours-bf16", bf16, "transduce bf16", False, None),
+        ("ours-bf16-fallback", bf16, "transduce bf16, F.linear products", False, {"bf16_onednn": False}),
+        ("ours-bf16-cast", cast, "transduce, whole model cast to bf16", False, None),
+        ("ours-int8", int8, "transduce int8", False, None),
+        ("ours-int8-early", int8, "transduce int8, early stopping", True, None),
     ]:
         if name in wanted:
             decode = DecodeConfig(
                 max_len_a=1.0, max_len_b=MAX_EXTRA, early_stopping=early, length_penalty=args.length_penalty,
                 length_norm=args.length_norm,
             )  # fmt: skip
-            decoders.append(Ours(tr, label, decode))
+            decoders.append(Ours(tr, label, decode, paths))
     if "hf" in wanted:
         problems = export_problems(translator.model.config)
         if problems:
@@ -203,6 +226,20 @@ def main() -> None:
         decoders.append(
             CT2(export_ctranslate2(source, work / "ct2-int8", quantization="int8"), tok, "CTranslate2 int8")
         )
+    # CTranslate2's bf16 compute types, where its CPU build offers them (its float32 model, converted on loading)
+    offered = ctranslate2_compute_types()
+    for name, compute_type, label in [
+        ("ct2-int16", "int16", "CTranslate2 int16"),
+        ("ct2-bf16", "bfloat16", "CTranslate2 bf16"),
+        ("ct2-int8-bf16", "int8_bfloat16", "CTranslate2 int8_bfloat16"),
+    ]:
+        if name not in wanted:
+            continue
+        if compute_type not in offered:
+            print(f"{label} left out: this CTranslate2's CPU build offers {', '.join(sorted(offered))}")
+            continue
+        export = work / "ct2" if (work / "ct2").exists() else export_ctranslate2(source, work / "ct2")
+        decoders.append(CT2(export, tok, label, compute_type))
 
     ids, refs = load_inputs(args, translator)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -242,6 +279,20 @@ def main() -> None:
             print(f"{mode}, batch {bs}: done", file=sys.stderr, flush=True)
     header = ("mode", "batch", "decoder", "sent/s", "output tok/s", "vs CTranslate2 fp32", "BLEU", "lc-tok BLEU")
     print(table(header, rows))
+
+
+def wanted_any(wanted: list[str]) -> str:
+    """The transduce decoders asked for, as one string (to test for ``int8`` among them)."""
+    return ",".join(w for w in wanted if w.startswith("ours"))
+
+
+def ctranslate2_compute_types() -> set[str]:
+    """The compute types CTranslate2's build offers on the CPU (an empty set without CTranslate2)."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return set()
+    return set(ctranslate2.get_supported_compute_types("cpu"))
 
 
 def translator_lang(args) -> str:

@@ -74,10 +74,12 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_features() -> str:
-    """PyTorch's vector extension (``AVX512``, ``AVX2``, ...) and whether the CPU has bf16 and VNNI instructions."""
-    extras = [name for name, present in (("bf16", cpu_has_native_bf16()), ("VNNI", fastpaths.vnni_available()))
+    """PyTorch's vector extension (``AVX512``, ``AVX2``, ...) and the CPU's int8 and bf16 extensions that transduce's
+    choices read (:func:`transduce.fastpaths.cpu_features`): VNNI, AVX512-BF16, AMX."""
+    cpu = fastpaths.cpu_features()
+    extras = [name for name, present in (("VNNI", cpu.vnni), ("AVX512-BF16", cpu.avx512_bf16), ("AMX", cpu.amx_bf16))
               if present]  # fmt: skip
-    return torch.backends.cpu.get_cpu_capability() + "".join(f", {x}" for x in extras)
+    return cpu.capability + "".join(f", {x}" for x in extras)
 
 
 def machine() -> str:

@@ -1,7 +1,9 @@
 """The linear layers of a decoding step, through MKL's BLAS (``F.linear``), through oneDNN with the weight packed
-once (``transduce.model.packed.project``) and with dynamic int8 quantisation (``transduce.model.quantize``, every
-layer whatever its size) through PyTorch's operation (fbgemm) and through transduce's VNNI kernel (where the CPU
-has AVX512-VNNI), side by side: time per call and GFLOP/s by layer shape and row count.
+once (``transduce.model.packed.project``), with bf16 weights and products (``transduce.model.bf16``: float32 in
+and out, as ``--precision bf16`` decodes on the CPU) and with dynamic int8 quantisation
+(``transduce.model.quantize``, every layer whatever its size) through PyTorch's operation (fbgemm) and through
+transduce's VNNI kernel (where the CPU has AVX512-VNNI), side by side: time per call and GFLOP/s by layer shape
+and row count.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/linear_backends.py \\
         --preset tiny --rows 4,32,128 --threads 1
@@ -25,7 +27,7 @@ from torch import nn
 from harness import add_common_args, apply_common_args, interleaved, machine, table
 from transduce import fastpaths
 from transduce.config import ModelConfig
-from transduce.model import kernels, packed
+from transduce.model import bf16, kernels, packed
 from transduce.model.quantize import int8_function, quantize_int8
 
 
@@ -66,14 +68,16 @@ def main() -> None:
     print(machine())
     print(f"preset {args.preset} (d_model {d}, d_ff {f}); median of {args.reps}\n")
     vnni = hasattr(kernels.compiled(), "int8_linear")
-    header = ["layer", "rows", "F.linear, us", "GFLOP/s", "oneDNN packed, us", "speed-up", "fbgemm int8, us",
-              "speed-up"] + (["transduce int8, us", "speed-up", "vs fbgemm"] if vnni else [])  # fmt: skip
+    header = ["layer", "rows", "F.linear, us", "GFLOP/s", "oneDNN packed, us", "speed-up", "bf16, us", "speed-up",
+              "fbgemm int8, us", "speed-up"]  # fmt: skip
+    header += ["transduce int8, us", "speed-up", "vs fbgemm"] if vnni else []
     rows_out = []
     torch.manual_seed(0)
     with torch.inference_mode():
         for name, n_in, n_out, act in shapes:
             lin = nn.Linear(n_in, n_out).eval()
             int8 = quantize_int8(nn.Sequential(lin), min_weights=0)[0]
+            half = bf16.bf16_function(bf16.BF16Linear(lin), relu=act == "relu")
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, 1, n_in)
 
@@ -89,17 +93,19 @@ def main() -> None:
                     return F.relu(y) if act else y
 
                 torch.testing.assert_close(onednn(), plain(), atol=1e-4, rtol=1e-4)
-                fns = [plain, onednn, dynamic_int8]
+                fns = [plain, onednn, functools.partial(half, x.view(rows, n_in)), dynamic_int8]
+                torch.testing.assert_close(fns[2]()[:, None], plain(), atol=0.1, rtol=0.05)
                 if vnni:
                     fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
                     torch.testing.assert_close(fns[-1]()[:, None], dynamic_int8(), atol=0.1, rtol=0.1)
                 times = per_call(fns, args.reps)
-                t_plain, t_packed, t_int8 = times[:3]
+                t_plain, t_packed, t_bf16, t_int8 = times[:4]
                 flop = 2 * rows * n_in * n_out
                 cells = [name, rows, f"{t_plain * 1e6:.1f}", f"{flop / t_plain / 1e9:.1f}", f"{t_packed * 1e6:.1f}",
-                         f"{t_plain / t_packed:.2f}x", f"{t_int8 * 1e6:.1f}", f"{t_plain / t_int8:.2f}x"]  # fmt: skip
+                         f"{t_plain / t_packed:.2f}x", f"{t_bf16 * 1e6:.1f}", f"{t_plain / t_bf16:.2f}x",
+                         f"{t_int8 * 1e6:.1f}", f"{t_plain / t_int8:.2f}x"]  # fmt: skip
                 if vnni:
-                    cells += [f"{times[3] * 1e6:.1f}", f"{t_plain / times[3]:.2f}x", f"{t_int8 / times[3]:.2f}x"]
+                    cells += [f"{times[4] * 1e6:.1f}", f"{t_plain / times[4]:.2f}x", f"{t_int8 / times[4]:.2f}x"]
                 rows_out.append(cells)
     print(table(header, rows_out))
 

@@ -45,7 +45,8 @@ def test_translate_nbest_format(checkpoint, tmp_path, capsys):
     # Moses: ID ||| TRANSLATION ||| FEATURES ||| SCORE, the features "log_prob= X"; what the API returns
     from transduce.translate import Translator
 
-    expected = Translator.load(checkpoint).translate_nbest(["a dog.", "the bike."], nbest=3)
+    # (the command's default precision is auto: bf16 products on a CPU with AMX, fp32 elsewhere)
+    expected = Translator.load(checkpoint, precision="auto").translate_nbest(["a dog.", "the bike."], nbest=3)
     assert rows == [
         [str(i), t.text, f"log_prob= {t.log_prob:.6f}", f"{t.score:.6f}"] for i, ts in enumerate(expected) for t in ts
     ]

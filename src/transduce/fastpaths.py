@@ -34,12 +34,19 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
 - ``int8_min_weights``: :func:`~transduce.model.quantize.quantize_int8` quantises the linear layers of at least
   this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
+- ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
+  ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
+  oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
 - ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches, for at most
   ``pause_gc_limit_s`` while searches keep overlapping. Fallback: the collector runs as usual.
 - ``block_cache``: training on the CPU takes tensors of 256 KiB and more from transduce's block cache
   (``model/csrc/allocator.cpp``, part of the kernels; :mod:`transduce.memory`), which reuses blocks of about the
   right size within a bound. Fallback: the C library's allocator, whose heap fragments under batches of changing
   shapes (a Multi30k training process held 4.4 GB after 300 updates instead of 1.3).
+
+The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
+``onednn_layers`` (:func:`onednn_beats_mkl`), ``int8_min_weights`` and the precision ``auto`` decodes in
+(:func:`decode_precision`).
 
 Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
 briefly. Only ``kernels`` has an environment variable: the others are for tests, benchmarks and users who know
@@ -58,7 +65,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["FastPaths", "cpu_vendor", "onednn_available", "onednn_beats_mkl", "override", "settings", "vnni_available"]
+__all__ = [
+    "CpuFeatures", "FastPaths", "cpu_features", "cpu_vendor", "decode_precision", "onednn_available",
+    "onednn_beats_mkl", "override", "settings", "vnni_available",
+]  # fmt: skip
 
 
 def onednn_available() -> bool:
@@ -69,22 +79,84 @@ def onednn_available() -> bool:
         return False
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``) from /proc/cpuinfo; "" where there is none."""
+def _cpuinfo(field_name: str) -> str:
+    """The value of the first ``field_name`` line of /proc/cpuinfo; "" where there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("vendor_id"):
+                if line.startswith(field_name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
 
 
-def onednn_beats_mkl() -> bool:
-    """Whether oneDNN's fp32 products run with wider vectors than MKL's here: PyTorch uses AVX-512 and the CPU is
-    AMD's (MKL's kernels on AMD stop at AVX2; on Intel they use AVX-512 too, and oneDNN's gain is unmeasured)."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_vendor() == "AuthenticAMD"
+def cpu_vendor() -> str:
+    """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``) from /proc/cpuinfo; "" where there is none."""
+    return _cpuinfo("vendor_id")
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """What the CPU is, as far as the fast paths' choices go (:func:`cpu_features`; tests make their own)."""
+
+    vendor: str  # /proc/cpuinfo's vendor_id: GenuineIntel, AuthenticAMD; "" where unknown (not Linux, Arm)
+    capability: str  # PyTorch's vector extension: AVX512, AVX2, DEFAULT (torch.backends.cpu.get_cpu_capability())
+    vnni: bool  # AVX512-VNNI: int8 dot products (transduce's int8 kernel, PyTorch's int8 operation)
+    avx512_bf16: bool  # AVX512-BF16: bf16 dot products in the vector units (AMD Zen 4 and 5, Intel Cooper Lake on)
+    amx_bf16: bool  # AMX-BF16: bf16 products in matrix tiles (Intel Xeon from Sapphire Rapids on)
+    amx_int8: bool  # AMX-INT8: int8 products in matrix tiles
+
+    @property
+    def kind(self) -> str:
+        """The CPU's kind for benchmark tables: ``AMX``, ``AVX512-BF16``, ``AVX512``, ``AVX2`` or ``other``."""
+        if self.amx_bf16:
+            return "AMX"
+        if self.avx512_bf16:
+            return "AVX512-BF16"
+        return self.capability if self.capability in ("AVX512", "AVX2") else "other"
+
+
+def cpu_features() -> CpuFeatures:
+    """This machine's :class:`CpuFeatures`, read at each call (tests patch what it reads): the vendor and flags from
+    /proc/cpuinfo, PyTorch's vector extension and its own VNNI test. An extension counts only where PyTorch uses
+    AVX-512 (a CPU or a PyTorch build without it gets none of the AVX-512 paths)."""
+    flags = set(_cpuinfo("flags").split())
+    capability = torch.backends.cpu.get_cpu_capability()
+    avx512 = capability == "AVX512"
+    return CpuFeatures(
+        vendor=cpu_vendor(),
+        capability=capability,
+        vnni=vnni_available(),
+        avx512_bf16=avx512 and "avx512_bf16" in flags,
+        amx_bf16=avx512 and "amx_bf16" in flags,
+        amx_int8=avx512 and "amx_int8" in flags,
+    )
+
+
+def onednn_beats_mkl(cpu: CpuFeatures | None = None) -> bool:
+    """Whether oneDNN's fp32 products beat MKL's (behind ``F.linear``) on ``cpu`` (default: this one): PyTorch uses
+    AVX-512 and the CPU is AMD's, where MKL's kernels stop at AVX2. On Intel MKL uses AVX-512 too, and oneDNN for
+    every layer gave a Multi30k beam search no steady gain (1.04x at batch 32, 0.91x at 64 on a Xeon with AMX, one
+    thread; docs/benchmarks.md)."""
+    cpu = cpu_features() if cpu is None else cpu
+    return cpu.capability == "AVX512" and cpu.vendor == "AuthenticAMD"
+
+
+def decode_precision(cpu: CpuFeatures | None = None) -> tuple[str, str]:
+    """The precision ``auto`` decodes in on ``cpu`` (default: this one), and why: ``bf16`` (bf16 weights and
+    products, the rest float32; :mod:`transduce.model.bf16`) where the CPU has AMX-BF16, else ``fp32``.
+
+    Measured on a Xeon with AMX (docs/benchmarks.md): a Multi30k beam search at 1.87x fp32's speed, BLEU within
+    0.1. A CPU with AVX512-BF16 but no AMX stays fp32: with oneDNN kept to those instructions on the same Xeon the
+    search ran at 0.71x fp32 (an AMD CPU with AVX512-BF16 is unmeasured); and so do CPUs without either (bf16
+    would be emulated)."""
+    cpu = cpu_features() if cpu is None else cpu
+    if cpu.amx_bf16 and onednn_available():
+        return "bf16", "auto: this CPU multiplies bf16 matrices in AMX tiles"
+    if cpu.avx512_bf16:
+        return "fp32", "auto: AVX512-BF16 without AMX, where bf16 decoding is not measured faster"
+    return "fp32", "auto: this CPU has no bf16 matrix instructions"
 
 
 def vnni_available() -> bool:
@@ -118,7 +190,9 @@ class FastPaths:
     # quantised layers through transduce's VNNI product (model/quantize.py); False: PyTorch's int8 operation
     int8_kernel: bool = True
     # quantize_int8 leaves linear layers with fewer weights in float32 (int8 is no faster for them without VNNI)
-    int8_min_weights: int = field(default_factory=lambda: 0 if vnni_available() else 1 << 16)
+    int8_min_weights: int = field(default_factory=lambda: 0 if cpu_features().vnni else 1 << 16)
+    # bf16 linear layers (model/bf16.py) through oneDNN with packed weights; False: F.linear on bf16 tensors
+    bf16_onednn: bool = field(default_factory=onednn_available)
     # Python's cyclic garbage collector off during searches (search/common.py: gc_paused) ...
     pause_gc: bool = True
     # ... for at most this long while searches keep overlapping (a full collection then)

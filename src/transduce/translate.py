@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from transduce import casing
+from transduce import casing, fastpaths
 from transduce.config import ConfigError, DecodeConfig
 from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.langs import TargetLanguages
@@ -94,7 +94,9 @@ class Translator:
         max_input_tokens: longer sources are split into pieces; default: ``max_positions - 1`` for learned
             positions, else 1024.
         precision: ``fp32`` (on CUDA with TF32 matrix products), ``bf16`` or ``fp16``: the dtype the weights are
-            cast to for decoding (the search's scores stay float32).
+            cast to for decoding (the search's scores stay float32); on the CPU ``bf16`` casts only the linear
+            layers' weights, and their products run in bf16 (:mod:`transduce.model.bf16`). ``auto``: bf16 on a
+            CPU with AMX, else fp32 (:func:`transduce.fastpaths.decode_precision`; logged once).
         task: what the model was trained for (``data.task``: ``translate`` or ``parse``); :meth:`load` takes it
             from the run, and parsing (:class:`transduce.parsing.parser.Parser`) needs ``parse``.
     """
@@ -111,13 +113,19 @@ class Translator:
         task: str = "translate",
     ) -> None:
         self.device = resolve_device(device)
+        precision = resolve_decode_precision(precision, self.device, model)
         dtype = check_precision(precision)
         self.precision = precision
         if dtype != torch.float32 and any(p.dtype != torch.float32 for p in model.parameters()):
             raise ConfigError(f"precision: {precision!r} casts float32 weights; this model's are not all float32 "
                               "(an int8 model runs at precision fp32)")  # fmt: skip
         allow_tf32(self.device)
-        self.model = model.to(self.device, dtype if dtype != torch.float32 else None).eval()
+        if dtype == torch.bfloat16 and self.device.type == "cpu":  # bf16 products, the rest float32 (model/bf16.py)
+            from transduce.model.bf16 import bf16_products
+
+            self.model = bf16_products(model)
+        else:
+            self.model = model.to(self.device, dtype if dtype != torch.float32 else None).eval()
         self.tokenizer = tokenizer
         self.decode = decode if decode is not None else DecodeConfig()
         mc = model.config  # an ensemble's: the smallest position limit of its members
@@ -158,7 +166,10 @@ class Translator:
         if quantize is not None and quantize not in QUANTIZATIONS:
             raise ConfigError(f"quantize: {quantize!r} is not one of {', '.join(QUANTIZATIONS)}")
         device = resolve_device(device)
-        check_precision(precision)
+        if quantize is not None and precision == "auto":
+            precision = "fp32"
+        if precision != "auto":
+            check_precision(precision)
         if quantize is not None and device.type != "cpu":
             raise ConfigError(f"quantize: {quantize!r} runs on the CPU only, not on {device}")
         if quantize is not None and precision != "fp32":
@@ -505,6 +516,29 @@ class AttentionMaps:
 
 # ----------------------------------------------------------------------------------------------------------------------
 # input text
+
+
+_SAID: set[str] = set()  # the precision lines already logged (each once per process)
+
+
+def resolve_decode_precision(precision: str, device: torch.device, model: nn.Module) -> str:
+    """``precision`` with ``auto`` resolved for decoding ``model`` on ``device``: on the CPU what
+    :func:`transduce.fastpaths.decode_precision` picks for it (bf16 with AMX, else fp32); fp32 on other devices and
+    for models whose weights are not all float32 (int8 ones). The choice and its reason are logged, once."""
+    if precision != "auto":
+        return precision
+    quantised = any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
+    if device.type != "cpu":
+        name, why = "fp32", f"auto: fp32 on {device.type}"
+    elif quantised or any(p.dtype != torch.float32 for p in model.parameters()):
+        name, why = "fp32", "auto: the model's weights are not all float32"
+    else:
+        name, why = fastpaths.decode_precision()
+    line = f"precision: {name} ({why})"
+    if line not in _SAID:
+        _SAID.add(line)
+        log.info("%s", line)
+    return name
 
 
 def _check_sentences(sentences: Sequence[str], method: str) -> None:

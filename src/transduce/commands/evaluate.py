@@ -175,7 +175,7 @@ def run_classifier(args: argparse.Namespace) -> int:
     translation = {**TRANSLATION_OPTIONS, **{f"--{o.replace('_', '-')}": o for o in _DECODE_OPTIONS}}
     unused = [option for option, dest in translation.items() if getattr(args, dest, None) not in (None, False)]
     unused += [option for option, on in (("--force", args.force), ("--int8", args.int8)) if on]
-    unused += ["--precision"] if args.precision != "fp32" else []
+    unused += ["--precision"] if args.precision not in ("fp32", "auto") else []
     if unused:
         raise TransduceError(f"{unused[0]} applies to translation; {model} is a classifier, scored on the labels of "
                              "--src")  # fmt: skip

@@ -114,7 +114,7 @@ def load_classifier(args: argparse.Namespace):
         raise TransduceError(f"{model} is a classifier: serve one classifier, not an ensemble of {len(args.model)}")
     given = [f"--{o.replace('_', '-')}" for o in _DECODE_OPTIONS if getattr(args, o, None) is not None]
     given += [option for option, on in (("--int8", args.int8), ("--max-input-tokens", args.max_input_tokens)) if on]
-    given += ["--precision"] if args.precision != "fp32" else []
+    given += ["--precision"] if args.precision not in ("fp32", "auto") else []
     if given:
         raise TransduceError(f"{given[0]} applies to translation; {model} is a classifier")
     if args.threads:

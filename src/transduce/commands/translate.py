@@ -72,8 +72,9 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--device", default="auto", help=f"{DEVICE_FORMS} (default: auto, a GPU when there is one)")
     parser.add_argument(
-        "--precision", default="fp32", choices=list(PRECISIONS),
-        help="weights' dtype for decoding (default: fp32; TF32 products on CUDA); bf16/fp16 for GPUs",
+        "--precision", default="auto", choices=["auto", *PRECISIONS],
+        help="weights' dtype for decoding. auto (default): bf16 products on a CPU with AMX (the rest float32), "
+        "else fp32 (TF32 products on CUDA); bf16 on a CPU: bf16 linear layers, the rest float32; fp16 for GPUs",
     )  # fmt: skip
 
 

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from transduce import fastpaths
-from transduce.model import quantize
+from transduce.model import bf16, quantize
 
 # id(weight) -> (weak reference to the weight, (data pointer, version), the weight in oneDNN's layout): built on first
 # use, rebuilt when the weight changes (training updates it in place, which bumps its version), dropped with the weight
@@ -85,6 +85,8 @@ def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, outp
         if activation not in (None, "relu"):
             raise KeyError(f"project: no fused activation {activation!r} for a quantised layer (only 'relu')")
         return quantize.int8_project(linear, x, relu=activation == "relu")
+    if type(linear) is bf16.BF16Linear:  # bf16 weights (model/bf16.py): oneDNN's bf16 product where it applies
+        return bf16.project(linear, x, activation)
     paths = fastpaths.settings
     applies = (
         paths.onednn and type(linear) is nn.Linear and not linear.training and x.device.type == "cpu"

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from transduce import fastpaths
-from transduce.model import kernels, packed, quantize
+from transduce.model import bf16, kernels, packed, quantize
 from transduce.model.cache import DecoderCache
 
 Linear = Callable[..., Tensor]  # (x, residual=None) -> x W^T + b (+ residual)
@@ -48,6 +48,8 @@ def _linear(lin: nn.Module, relu: bool = False) -> Linear:
     quantised = _int8_linear(lin, relu)
     if quantised is not None:
         return quantised
+    if type(lin) is bf16.BF16Linear:  # bf16 weights: oneDNN's bf16 product, ReLU and residual fused
+        return bf16.bf16_function(lin, relu)
     activation = "relu" if relu else None
     if type(lin) is not nn.Linear:
 

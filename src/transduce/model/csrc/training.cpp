@@ -509,8 +509,58 @@ std::vector<torch::Tensor> add_layer_norm_backward(const torch::Tensor& grad, co
   return {gx, gy, sums[0], sums[1]};
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// float32 <-> bfloat16 for the bf16 products of decoding (transduce.model.bf16). In a bf16 beam search on a Xeon
+// with AMX (the Multi30k model, batch 32, one thread) PyTorch's conversions took 18% of the profiled time; with
+// these (and the residual added in the same pass) the search ran 1.54x faster.
+
+// x (float32, contiguous) as bfloat16, rounded to nearest even.
+torch::Tensor to_bf16(const torch::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "to_bf16: a contiguous float32 tensor");
+  auto out = torch::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  const float* src = x.data_ptr<float>();
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t n = x.numel();
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+#ifdef TRANSDUCE_AVX2
+    for (; i + 8 <= end; i += 8) store8(dst + i, load8(src + i));
+#endif
+    for (; i < end; ++i) dst[i] = float_to_bf16(src[i]);
+  });
+  return out;
+}
+
+// y (bfloat16, contiguous) as float32, plus residual (float32, y's shape) when one is given.
+torch::Tensor bf16_to_float32(const torch::Tensor& y, const std::optional<torch::Tensor>& residual) {
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.is_contiguous(), "bf16_to_float32: a contiguous bf16 tensor");
+  const bool add = residual.has_value();
+  if (add)
+    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->numel() == y.numel(),
+                "bf16_to_float32: the residual must be contiguous float32 of y's size");
+  auto out = torch::empty(y.sizes(), y.options().dtype(at::kFloat));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
+  const float* res = add ? residual->data_ptr<float>() : nullptr;
+  float* dst = out.data_ptr<float>();
+  const int64_t n = y.numel();
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+#ifdef TRANSDUCE_AVX2
+    if (add)
+      for (; i + 8 <= end; i += 8) store8(dst + i, _mm256_add_ps(load8(src + i), load8(res + i)));
+    else
+      for (; i + 8 <= end; i += 8) store8(dst + i, load8(src + i));
+#endif
+    for (; i < end; ++i) dst[i] = bf16_to_float(src[i]) + (add ? res[i] : 0.0f);
+  });
+  return out;
+}
+
 void register_training(pybind11::module_& m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("to_bf16", &to_bf16, "a float32 tensor rounded to bfloat16", pybind11::arg("x"), release());
+  m.def("bf16_to_float32", &bf16_to_float32, "a bfloat16 tensor as float32, plus an optional float32 residual",
+        pybind11::arg("y"), pybind11::arg("residual") = pybind11::none(), release());
   m.def("dropout_apply", &dropout_apply, "x * scale where the seeded mask keeps, 0 elsewhere", pybind11::arg("x"),
         pybind11::arg("seed"), pybind11::arg("levels"), pybind11::arg("scale"), release());
   m.def("smoothed_nll_forward", &smoothed_nll_forward, "label-smoothed cross-entropy of each row",

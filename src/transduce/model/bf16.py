@@ -1,0 +1,119 @@
+"""bfloat16 matrix products for CPU inference: the linear layers' weights in bf16, everything else in float32.
+
+:func:`bf16_products` returns a copy of a model whose ``nn.Linear`` layers (the attention and feed-forward
+projections and the pre-softmax projection) are :class:`BF16Linear` layers: bf16 weights, each product's input
+rounded to bf16, the sums accumulated in float32 and the output rounded to bf16 and handed on as float32. The rest
+of the model (embeddings, layer norms, attention, the search's log-probabilities) stays float32, so transduce's
+float32 kernels (``model/kernels.py``) keep running there. This is what ``precision="bf16"`` means for a
+:class:`~transduce.translate.Translator` on the CPU, and what ``precision="auto"`` picks on a CPU with AMX
+(:func:`transduce.fastpaths.decode_precision`).
+
+Why: on a CPU with AMX (Intel Xeon from Sapphire Rapids on), oneDNN multiplies bf16 matrices with the AMX tiles:
+1.8-3.2x the speed of float32 products on the Multi30k model's shapes (``benchmarks/linear_backends.py``), and a
+beam search 1.87x fp32's, where casting the whole model to bf16 (``model.to(torch.bfloat16)``, transduce's float32
+kernels then off) gave 1.53x and bf16 products through ``F.linear`` 1.55x (docs/benchmarks.md). Without AMX
+(oneDNN kept to AVX512-BF16's vector instructions) the same search ran at 0.71x fp32, so ``auto`` picks bf16 only
+with AMX.
+
+How the products run: with ``fastpaths.settings.bf16_onednn`` (where PyTorch has oneDNN), through oneDNN's linear
+with the weight packed once into oneDNN's layout and the ReLU fused; else (the fallback) ``F.linear`` on bf16
+tensors. Both round the same values at the same places; the results agree up to the order of summation. The
+conversions between float32 and bf16 go through transduce's kernels (``to_bf16``, ``bf16_to_float32``, the
+residual added in the same pass) where they apply (``fastpaths.settings.kernels``), else through ``Tensor.to``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transduce import fastpaths
+from transduce.model import kernels
+
+__all__ = ["BF16Linear", "bf16_function", "bf16_products", "project"]
+
+
+class BF16Linear(nn.Module):
+    """An inference-only linear layer with a bf16 weight (and bias): ``y = float(bf16(bf16(x) W^T + b))``.
+
+    Made from an ``nn.Linear`` by :func:`bf16_products`; takes and returns float32 (or bf16) tensors of the
+    layer's shape."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)  # (N, K)
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+        self._packed: tuple[int, Tensor] | None = None  # (weight's data pointer, oneDNN's copy), made on first use
+
+    def packed_weight(self) -> Tensor:
+        """The weight in oneDNN's blocked layout (packed on first use; again if the weight was replaced)."""
+        ptr = self.weight.data_ptr()
+        if self._packed is None or self._packed[0] != ptr:
+            self._packed = (ptr, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
+        return self._packed[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return project(self, x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def __deepcopy__(self, memo: dict) -> BF16Linear:
+        new = copy.copy(self)
+        new.__dict__ = {k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "_packed"}
+        new._packed = None  # (oneDNN's tensors do not copy)
+        return new
+
+
+def bf16_products(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` (in eval mode) whose ``nn.Linear`` layers are :class:`BF16Linear` layers (inference
+    only); the original is left as it is. A weight shared with an embedding (the tied pre-softmax projection)
+    stays float32 in the embedding and gets its own bf16 copy in the projection."""
+    m = copy.deepcopy(model).eval()
+    for module in list(m.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, BF16Linear(child))
+    return m
+
+
+def _onednn_applies(x: Tensor) -> bool:
+    return fastpaths.settings.bf16_onednn and x.device.type == "cpu" and fastpaths.onednn_available()
+
+
+def project(linear: BF16Linear, x: Tensor, activation: str | None = None, residual: Tensor | None = None) -> Tensor:
+    """``linear(x)``, then ``activation`` (None or ``"relu"``), then ``+ residual``; in ``x``'s dtype.
+
+    Shape: ``x`` (..., K) -> (..., N)."""
+    if activation not in (None, "relu"):
+        raise KeyError(f"bf16 project: no fused activation {activation!r} (only 'relu')")
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])  # (R, K)
+    convert = kernels.compiled() if kernels.applies(x) else None  # transduce's conversions (float32 on the CPU)
+    xb = convert.to_bf16(x2.contiguous()) if convert is not None else x2.to(torch.bfloat16).contiguous()
+    if _onednn_applies(x) and not torch.is_grad_enabled():
+        y = torch.ops.mkldnn._linear_pointwise(xb, linear.packed_weight(), linear.bias, activation or "none", [], "")
+    else:  # the fallback: PyTorch's bf16 product
+        y = F.linear(xb, linear.weight, linear.bias)
+        y = y.relu_() if activation == "relu" else y
+    if convert is not None:  # (R, N) float32, the residual added in the same pass
+        r = None if residual is None else residual.reshape(-1, linear.out_features).contiguous()
+        return convert.bf16_to_float32(y.contiguous(), r).view(*shape[:-1], linear.out_features)
+    y = y.to(x.dtype).view(*shape[:-1], linear.out_features)
+    return y if residual is None else y.add_(residual)
+
+
+def bf16_function(linear: BF16Linear, relu: bool = False) -> Callable[..., Tensor]:
+    """``linear`` as a function of ``(x, residual=None)`` for the decoding step (``model/step.py``)."""
+    activation = "relu" if relu else None
+
+    def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        return project(linear, x, activation, residual)
+
+    return call

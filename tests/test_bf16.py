@@ -1,0 +1,182 @@
+"""CPU-feature detection and the choices it drives (patched CPU reports: AVX2 only, AVX-512, AVX512-BF16, AMX), and
+bf16 decoding (transduce.model.bf16): oneDNN's product against its fallback, bf16 against fp32 translations of a
+trained model, and ``precision="auto"``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from decodekit import copy_sentences, one_thread
+from transduce import fastpaths
+from transduce.model import bf16
+from transduce.model.quantize import quantize_int8
+from transduce.translate import Translator
+
+INTEL, AMD = "GenuineIntel", "AuthenticAMD"
+# (vendor, PyTorch's capability, VNNI, AVX512-BF16, AMX-BF16/INT8): CPU kinds as PyTorch and /proc/cpuinfo report them
+AVX2_INTEL = fastpaths.CpuFeatures(INTEL, "AVX2", False, False, False, False)  # e.g. a desktop Core, Haswell Xeon
+AVX2_AMD = fastpaths.CpuFeatures(AMD, "AVX2", False, False, False, False)  # e.g. EPYC Zen 2/3
+AVX512_INTEL = fastpaths.CpuFeatures(INTEL, "AVX512", True, False, False, False)  # Cascade Lake
+BF16_AMD = fastpaths.CpuFeatures(AMD, "AVX512", True, True, False, False)  # Zen 4 / Zen 5
+AMX_INTEL = fastpaths.CpuFeatures(INTEL, "AVX512", True, True, True, True)  # Sapphire Rapids on
+
+
+@pytest.mark.parametrize(
+    "cpu, kind, onednn_layers, int8_min_weights, precision",
+    [(AVX2_INTEL, "AVX2", False, 1 << 16, "fp32"),
+     (AVX2_AMD, "AVX2", False, 1 << 16, "fp32"),
+     (AVX512_INTEL, "AVX512", False, 0, "fp32"),
+     (BF16_AMD, "AVX512-BF16", True, 0, "fp32"),
+     (AMX_INTEL, "AMX", False, 0, "bf16")],
+)  # fmt: skip
+def test_the_cpu_kind_drives_the_fast_paths_and_the_decoding_precision(
+    monkeypatch, cpu, kind, onednn_layers, int8_min_weights, precision
+):
+    """oneDNN for every fp32 layer only on AMD with AVX-512 (MKL stops at AVX2 there); int8 for every layer where
+    there is VNNI; bf16 decoding under ``auto`` only with AMX (and oneDNN)."""
+    monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
+    assert cpu.kind == kind
+    paths = fastpaths.FastPaths()
+    assert paths.onednn_layers is (onednn_layers and fastpaths.onednn_available())
+    assert paths.int8_min_weights == int8_min_weights
+    assert fastpaths.decode_precision()[0] == (precision if fastpaths.onednn_available() else "fp32")
+    assert fastpaths.decode_precision(cpu) == fastpaths.decode_precision()
+
+
+@pytest.mark.parametrize(
+    "capability, flags, expected",
+    [("AVX512", "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", (True, True, True)),
+     ("AVX512", "fpu avx2 avx512f avx512_bf16", (True, False, False)),
+     ("AVX512", "fpu avx2 avx512f", (False, False, False)),
+     ("AVX2", "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_int8", (False, False, False)),  # PyTorch without AVX-512
+     ("DEFAULT", "", (False, False, False))],
+)  # fmt: skip
+def test_cpu_features_reads_the_flags_and_counts_them_only_with_avx512(monkeypatch, capability, flags, expected):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(fastpaths, "_cpuinfo", lambda name: {"flags": flags, "vendor_id": INTEL}.get(name, ""))
+    cpu = fastpaths.cpu_features()
+    assert (cpu.avx512_bf16, cpu.amx_bf16, cpu.amx_int8) == expected
+    assert cpu.vendor == INTEL and cpu.capability == capability
+
+
+def test_this_machines_features_agree_with_proc_cpuinfo():
+    cpu = fastpaths.cpu_features()
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+                    .split(":", 1)[1].split())  # fmt: skip
+    except (OSError, StopIteration):
+        flags = set()
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    assert cpu.amx_bf16 == (avx512 and "amx_bf16" in flags)
+    assert cpu.avx512_bf16 == (avx512 and "avx512_bf16" in flags)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the bf16 product
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("relu", [True, False])
+def test_onednn_and_the_fallback_give_the_same_bf16_products(bias, relu):
+    """The fast path (oneDNN, packed weight) and the fallback (F.linear on bf16) round at the same places: the
+    same results up to bf16 rounding of a different order of summation; both near the float32 product."""
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=bias)
+    layer = bf16.BF16Linear(linear)
+    x, residual = torch.randn(2, 7, 96), torch.randn(2, 7, 40)
+    activation = "relu" if relu else None
+    with torch.inference_mode():
+        results = []
+        for on in (True, False):
+            with fastpaths.override(bf16_onednn=on):
+                results.append(bf16.project(layer, x, activation, residual))
+        fast, slow = results
+        exact = linear(x).relu() if relu else linear(x)
+    assert fast.dtype == torch.float32 and fast.shape == (2, 7, 40)
+    torch.testing.assert_close(fast, slow, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(fast, exact + residual, atol=0.1, rtol=0.03)
+    step = bf16.bf16_function(layer, relu)
+    torch.testing.assert_close(step(x.view(14, 96)), fast.view(14, 40) - residual.view(14, 40), atol=0.02, rtol=0.02)
+
+
+def test_bf16_products_copies_the_model_and_leaves_the_rest_float32():
+    torch.manual_seed(0)
+    from transduce import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=40)).eval()
+    fast = bf16.bf16_products(model)
+    linears = [m for m in fast.modules() if type(m) is bf16.BF16Linear]
+    assert linears and not any(type(m) is nn.Linear for m in fast.modules())
+    assert all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the original untouched
+    assert fast.tgt_embed.weight.dtype == torch.float32  # the tied embedding stays float32
+    import copy
+
+    again = copy.deepcopy(fast)  # (packed oneDNN copies are not copied: made again on first use)
+    src = torch.randint(4, 40, (2, 5))
+    with torch.inference_mode():
+        torch.testing.assert_close(again.encode(src).states, fast.encode(src).states)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# translations
+
+
+def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkpoint: Path):
+    """The trained copy model translates the same in bf16 as in fp32 (beam 4 and greedy), with oneDNN's product and
+    the conversion kernels, and with both fallbacks (``F.linear``, ``Tensor.to``: the path of a CPU without
+    AVX-512 or a build without the kernels), and the n-best scores stay close."""
+    sentences = copy_sentences(24, seed=5)
+    fp32 = Translator.load(copy_checkpoint, precision="fp32")
+    half = Translator.load(copy_checkpoint, precision="bf16")
+    assert half.precision == "bf16" and any(type(m) is bf16.BF16Linear for m in half.model.modules())
+    with one_thread():
+        expected = fp32.translate(sentences, beam=4), fp32.translate(sentences, beam=1)
+        scores = [h[0].score for h in fp32.translate_nbest(sentences, nbest=1, beam=4)]
+        for on in (True, False):
+            with fastpaths.override(bf16_onednn=on, kernels=on):
+                assert (half.translate(sentences, beam=4), half.translate(sentences, beam=1)) == expected
+                got = [h[0].score for h in half.translate_nbest(sentences, nbest=1, beam=4)]
+                assert got == pytest.approx(scores, abs=0.05)
+    assert expected[0] == sentences  # it copies
+
+
+@pytest.mark.parametrize("cpu, expected", [(AMX_INTEL, "bf16"), (BF16_AMD, "fp32"), (AVX2_INTEL, "fp32")])
+def test_auto_precision_follows_the_cpu_and_says_so_once(monkeypatch, caplog, copy_checkpoint: Path, cpu, expected):
+    monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
+    monkeypatch.setattr("transduce.translate._SAID", set())
+    expected = expected if fastpaths.onednn_available() else "fp32"
+    with caplog.at_level(logging.INFO, logger="transduce.translate"):
+        first = Translator.load(copy_checkpoint, precision="auto")
+        second = Translator.load(copy_checkpoint, precision="auto")
+    assert first.precision == second.precision == expected
+    assert any(type(m) is bf16.BF16Linear for m in first.model.modules()) is (expected == "bf16")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision: ")]
+    assert len(lines) == 1 and lines[0].startswith(f"precision: {expected} (auto: ")
+
+
+def test_auto_precision_keeps_int8_models_and_other_devices_in_fp32(monkeypatch, copy_checkpoint: Path):
+    monkeypatch.setattr(fastpaths, "cpu_features", lambda: AMX_INTEL)
+    assert Translator.load(copy_checkpoint, precision="auto", quantize="int8").precision == "fp32"
+    int8 = quantize_int8(Translator.load(copy_checkpoint).model)
+    assert Translator(int8, Translator.load(copy_checkpoint).tokenizer, precision="auto").precision == "fp32"
+
+
+def test_the_conversion_kernels_round_as_pytorch_does_and_add_the_residual():
+    from transduce.model import kernels
+
+    if not kernels.applies(torch.zeros(1)):
+        pytest.skip("transduce's kernels are not built here")
+    k = kernels.compiled()
+    x = torch.randn(37, 129) * 100
+    x[0, :4] = torch.tensor([0.0, -0.0, float("inf"), float("-inf")])
+    assert torch.equal(k.to_bf16(x), x.to(torch.bfloat16))
+    y, residual = x.to(torch.bfloat16), torch.randn(37, 129)
+    assert torch.equal(k.bf16_to_float32(y), y.float())
+    assert torch.equal(k.bf16_to_float32(y, residual), y.float() + residual)
+    assert k.to_bf16(torch.tensor([float("nan")])).isnan().all()
