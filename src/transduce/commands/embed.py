@@ -49,7 +49,8 @@ INVALID_HINT = "use --replace-invalid to embed it with U+FFFD in place"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from transduce.embed import FORMATS
 
-    add_loading_arguments(parser, "run directory, checkpoint or Hugging Face Marian directory (one model)")
+    # fp32 by default: the vectors are the product, the same as the API's (Translator.embed) bit for bit
+    add_loading_arguments(parser, "run directory, checkpoint or Hugging Face Marian directory (one model)", "fp32")
     add_source_input_arguments(parser)
     add_output_argument(
         parser, "FILE.npz, FILE.npy or FILE.safetensors (default: stdout, when it is not a terminal)",

@@ -66,14 +66,14 @@ _DECODE_OPTIONS = {
 _SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 
 
-def add_device_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device and --precision (shared with evaluate/serve/attention/report)."""
+def add_device_arguments(parser: argparse.ArgumentParser, precision: str = "auto") -> None:
+    """--device and --precision (shared with evaluate/serve/attention/report/embed); ``precision``: its default."""
     from transduce.device import DEVICE_FORMS, PRECISIONS
 
     parser.add_argument("--device", default="auto", help=f"{DEVICE_FORMS} (default: auto, a GPU when there is one)")
     parser.add_argument(
-        "--precision", default="auto", choices=["auto", *PRECISIONS],
-        help="weights' dtype for decoding. auto (default): bf16 products on a CPU with AMX (the rest float32), "
+        "--precision", default=precision, choices=["auto", *PRECISIONS],
+        help=f"weights' dtype (default: {precision}). auto: bf16 products on a CPU with AMX (the rest float32), "
         "else fp32 (TF32 products on CUDA); bf16 on a CPU: bf16 linear layers, the rest float32; fp16 for GPUs",
     )  # fmt: skip
 
@@ -124,11 +124,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_loading_arguments(parser: argparse.ArgumentParser, model_help: str = ENSEMBLE_HELP) -> None:
-    """What :func:`load_translator` reads: --model (``args.model`` is a list), --device, --precision, --threads,
-    --max-input-tokens and --int8."""
+def add_loading_arguments(parser: argparse.ArgumentParser, model_help: str = ENSEMBLE_HELP,
+                          precision: str = "auto") -> None:  # fmt: skip
+    """What :func:`load_translator` reads: --model (``args.model`` is a list), --device, --precision (``precision``
+    its default), --threads, --max-input-tokens and --int8."""
     parser.add_argument("--model", required=True, action="append", metavar="PATH", help=model_help)
-    add_device_arguments(parser)
+    add_device_arguments(parser, precision)
     parser.add_argument(
         "--threads", type=non_negative_int, default=0, help="torch intra-op threads; 0: torch's default"
     )
