@@ -91,6 +91,11 @@ def _cpuinfo(field_name: str) -> str:
     return ""
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86's ``flags`` line, Arm's ``Features``); empty where none."""
+    return set(_cpuinfo("flags").split()) | set(_cpuinfo("Features").split())
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor id (``AuthenticAMD``, ``GenuineIntel``) from /proc/cpuinfo; "" where there is none."""
     return _cpuinfo("vendor_id")
@@ -121,7 +126,7 @@ def cpu_features() -> CpuFeatures:
     """This machine's :class:`CpuFeatures`, read at each call (tests patch what it reads): the vendor and flags from
     /proc/cpuinfo, PyTorch's vector extension and its own VNNI test. An extension counts only where PyTorch uses
     AVX-512 (a CPU or a PyTorch build without it gets none of the AVX-512 paths)."""
-    flags = set(_cpuinfo("flags").split())
+    flags = cpu_flags()
     capability = torch.backends.cpu.get_cpu_capability()
     avx512 = capability == "AVX512"
     return CpuFeatures(

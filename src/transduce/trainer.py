@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from transduce import fastpaths
 from transduce.classify.training import loss_sums as classification_sums
 from transduce.config import Config
 from transduce.data.batch import Batch
@@ -60,12 +61,7 @@ def cpu_has_native_bf16() -> bool:
 
     Without it, oneDNN emulates bf16 and autocast makes CPU training much slower instead of faster.
     """
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(fastpaths.cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
