@@ -381,6 +381,9 @@ ROWS = [
             "--vocab-size must be >= 1 (got 0)"),
     refused("prepare", "output-is-input", lambda f: ["--train", f.tsv, "-o", f.tsv],
             lambda f: f"error: -o/--output {f.tsv} is the same file as --train {f.tsv}: {SAME}"),
+    refused("prepare", "tsv-without-language", lambda f: prepare(f, "--train", f.tsv, "data.tgt_langs=[de,fr]"),
+            lambda f: f"error: {f.tsv}, line 1: expected source<TAB>target<TAB>language (two tabs: data.tgt_langs is "
+            "set), found 1 tab"),
     # prepare --task mlm: raw text, one text per line, and a vocabulary to take (--vocabulary)
     refused("prepare", "mlm-missing-file", lambda f: prepare(f, "--task", "mlm", "--train", f.missing),
             lambda f: f"error: {f.missing}: file not found (data.train)"),
