@@ -274,7 +274,7 @@ def test_an_interrupted_translation_leaves_the_old_output(checkpoint, tmp_path):
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err.decode()[-3000:]
     assert err.decode().splitlines()[-1] == "transduce translate: interrupted"
     assert out.read_text(encoding="utf-8") == "old translations\n" and os.listdir(tmp_path) == ["out.txt"]
 

@@ -102,6 +102,16 @@ def _check_replaced_directories(args: argparse.Namespace, files: Files) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``transduce`` command; returns its exit status: 0, 2 (a refused input or option, one line on standard
+    error) or 130 (Ctrl-C, at any moment: while the command runs, or while Python loads its modules around it)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # outside the command's own handling below: the line names no verb it may not know
+        print("transduce: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # KEY=VALUE overrides after an option (train CONFIG --preset tiny train.seed=2): argparse takes the positional
