@@ -14,7 +14,8 @@ from trainkit import toy_config, write_corpus
 from transduce.config import Config, ConfigError
 from transduce.data import ParallelDataset, prepare
 from transduce.data.bpe_dropout import BPEDropout, BPEDropoutEpochs
-from transduce.data.sampler import TokenBatchSampler, training_data
+from transduce.data.sampler import TokenBatchSampler
+from transduce.data.train_batches import training_data
 from transduce.errors import DataError
 from transduce.tokenizer import Tokenizer
 from transduce.train import train

@@ -1,4 +1,5 @@
-"""Fetch public datasets' raw files (for users with internet; tests serve local files over HTTP instead).
+"""Fetch public datasets' raw files (for users with internet; tests serve local files over HTTP instead): Multi30k's
+translation pairs, and the Penn Treebank sample that NLTK distributes (parsing).
 
 Every file is written to a temporary name, checked (a gzip file must decompress completely) and then renamed, so an
 interrupted download never leaves a truncated file under the final name, and a rerun fetches only what is missing.
@@ -13,6 +14,7 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 from transduce.errors import TransduceError
@@ -111,8 +113,6 @@ def download(
     if dataset not in DATASETS:
         raise DownloadError(f"unknown dataset {dataset!r} (valid: {', '.join(DATASETS)})")
     if dataset == "ptb-sample":  # NLTK's Penn Treebank sample, for data.task: parse
-        from transduce.parsing.download import download_ptb_sample
-
         if langs:
             raise DownloadError("ptb-sample is English only: no languages to choose")
         return download_ptb_sample(directory, base_url=base_url, force=force)
@@ -128,3 +128,51 @@ def download(
             fetch(f"{base}/{name}", dest)
         paths.append(dest)
     return paths
+
+
+#: NLTK's data packages; the treebank sample is corpora/treebank.zip under it
+NLTK_DATA_URL = "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora"
+ARCHIVE = "treebank.zip"
+MRG_DIR = Path("treebank") / "combined"
+
+
+def download_ptb_sample(directory: str | Path, *, base_url: str | None = None, force: bool = False) -> list[Path]:
+    """Fetch NLTK's treebank sample (``corpora/treebank.zip``, for ``data.task: parse``) into ``directory``: the
+    archive, checked to be a zip holding ``.mrg`` files, and its bracketed files unpacked into
+    ``DIR/treebank/combined/``. Either the archive or that directory is a treebank for ``data.task: parse``
+    (``DIR/treebank.zip:wsj_0001-wsj_0139``, ``DIR/treebank/combined``).
+
+    Returns:
+        The archive's path and the unpacked ``.mrg`` files, in name order.
+
+    Raises:
+        DownloadError: the download fails or the file is not a zip archive of ``.mrg`` files.
+    """
+    directory = Path(directory)
+    archive = directory / ARCHIVE
+    if archive.exists() and not force:
+        log.info("%s exists, kept", archive)
+    else:
+        url = f"{(base_url or NLTK_DATA_URL).rstrip('/')}/{ARCHIVE}"
+        log.info("fetching %s", url)
+        fetch(url, archive)
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            names = sorted((n for n in zf.namelist() if n.endswith(".mrg")), key=lambda n: Path(n).name)
+            if not names:
+                raise DownloadError(f"{archive}: the archive holds no .mrg files")
+            out = directory / MRG_DIR
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".combined-", dir=out.parent))
+            try:
+                for name in names:
+                    (tmp / Path(name).name).write_bytes(zf.read(name))
+                shutil.rmtree(out, ignore_errors=True)
+                os.replace(tmp, out)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except zipfile.BadZipFile:
+        archive.unlink()
+        raise DownloadError(f"{archive}: not a zip archive (removed; download it again)") from None
+    log.info("%d .mrg files in %s", len(names), out)
+    return [archive, *(out / Path(n).name for n in names)]

@@ -40,7 +40,8 @@ from transduce.config import Config, ConfigError, ModelConfig
 from transduce.data import ParallelDataset, TokenBatchSampler, collate, padding_stats, prepare, read_manifest
 from transduce.data.batch import Batch
 from transduce.data.prefetch import Prefetch
-from transduce.data.sampler import ConcatPairs, MixedBatchSampler, training_data
+from transduce.data.sampler import MixedBatchSampler
+from transduce.data.train_batches import ConcatPairs, training_data
 from transduce.distributed import (
     Dist,
     broadcast_object,

@@ -39,7 +39,7 @@ from transduce.config import DataConfig
 from transduce.data.batch import _pad
 from transduce.data.binary import ParallelDataset
 from transduce.data.corpus import corpus_format
-from transduce.data.preparation import file_record
+from transduce.data.manifest import file_record
 from transduce.data.sampler import TokenBatchSampler
 from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, prepare_texts, text_corpora
 from transduce.errors import DataError

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from transduce.asgi import json_error
 from transduce.batching import Batcher
-from transduce.serve import ErrorResponse, ValidationErrorResponse, base_app, check_limits, too_long, too_many
+from transduce.webapp import ErrorResponse, ValidationErrorResponse, base_app, check_limits, too_long, too_many
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ import sentencepiece
 import transduce
 from transduce.casing import Truecaser, augment_pair, augmented
 from transduce.config import DataConfig
-from transduce.data.binary import MANIFEST_FILE, MIX_SPLIT, SplitWriter, ids_dtype, split_files
+from transduce.data.binary import MIX_SPLIT, SplitWriter, ids_dtype, split_files
 from transduce.data.corpus import Corpus, line_language, resolve_corpora, split_entries, split_name
 from transduce.data.encode import (
     DROP_REASONS,
@@ -57,18 +57,18 @@ from transduce.data.encode import (
     encode_chunk,
     init_worker,
 )
-from transduce.data.output import install, make_temp_dir, read_json, write_json
+from transduce.data.manifest import FORMAT, VERSION, earlier_preparation, file_record, install_prepared
+from transduce.data.output import make_temp_dir, read_json
 from transduce.download import missing_corpus_hint
 from transduce.errors import DataError
 from transduce.langs import tokens_for
 from transduce.special import SPECIAL_IDS
-from transduce.textio import line_count_error, scan_text, sha256_file
+from transduce.textio import line_count_error, scan_text
 from transduce.tokenizer import Tokenizer, Vocabulary
 from transduce.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
-FORMAT, VERSION = "transduce-prepared", 1
 CHUNK_PAIRS = 8192  # raw pairs per worker task
 SAMPLE_SEED = 12345  # the vocabulary sample is a deterministic function of the data
 # DataConfig fields that change the prepared output (workers and paths do not)
@@ -491,31 +491,6 @@ def _describe(parts: list[Corpus]) -> dict[str, Any]:
     return {**corpus.record(), "src": src, "tgt": dict(src) if corpus.single_file else file_record(corpus.tgt)}
 
 
-def file_record(path: Path) -> dict[str, Any]:
-    """A corpus file's identity in the manifest: its path, size and SHA-256 (what :func:`earlier_preparation`
-    compares)."""
-    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def _fingerprint(manifest: dict[str, Any]) -> tuple:
-    """What must match for an earlier preparation to be reused: format version, options, inputs (how each corpus is
-    read and the checksums of its files)."""
-    inputs = {
-        split: tuple(
-            (
-                record.get("format", "files"),
-                tuple(record.get("fields", ())),
-                record.get("lang", ""),
-                record.get("lang_field", ""),
-                *(record[side]["sha256"] for side in ("src", "tgt")),
-            )
-            for record in split_record.get("parts", [split_record])
-        )
-        for split, split_record in manifest["inputs"].items()
-    }
-    return manifest.get("version", VERSION), manifest["options"], inputs
-
-
 def _dropped(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in counts.items() if n) or "none dropped"
 
@@ -541,47 +516,3 @@ def _log_counts(split: str, info: dict[str, Any], cfg: DataConfig) -> None:
         "" if cfg.dedup else " (dedup off)",
         counts["invalid_utf8"],
     )
-
-
-def install_prepared(tmp: Path, out_dir: Path, manifest: dict[str, Any], started: float) -> None:
-    """Complete a preparation built in ``tmp``: its time since ``started`` and the manifest (written last: its
-    presence marks a complete directory), then ``tmp`` renamed to ``out_dir``."""
-    manifest["seconds"] = round(time.perf_counter() - started, 2)
-    write_json(tmp / MANIFEST_FILE, manifest)
-    install(tmp, out_dir)
-
-
-def earlier_preparation(
-    out_dir: Path, options: dict[str, Any], inputs: dict[str, Any], *, force: bool
-) -> dict[str, Any] | None:
-    """The manifest of an earlier preparation in ``out_dir`` from the same ``inputs`` and ``options``, to reuse;
-    ``None`` where there is none or ``force`` replaces it.
-
-    Raises:
-        DataError: ``out_dir`` holds a preparation from other inputs or options (and not ``force``), or something
-            that is not a prepared directory.
-    """
-    existing = _existing_manifest(out_dir)
-    if existing is None or force:
-        return None
-    if _fingerprint(existing) == _fingerprint({"options": options, "inputs": inputs}):
-        log.info("%s already holds this preparation (same inputs and options); reusing it", out_dir)
-        return existing
-    raise DataError(f"{out_dir} was prepared from other inputs or options; use --force to replace it")
-
-
-def _existing_manifest(out_dir: Path) -> dict[str, Any] | None:
-    """The manifest of a complete earlier preparation in ``out_dir``, ``None`` if there is nothing there.
-
-    Raises:
-        DataError: ``out_dir`` is a non-empty directory (or a file) that is not a prepared directory.
-    """
-    if not out_dir.exists() or (out_dir.is_dir() and not any(out_dir.iterdir())):
-        return None
-    if (out_dir / MANIFEST_FILE).is_file():
-        manifest = read_json(out_dir / MANIFEST_FILE)
-        if manifest.get("format") == FORMAT and all(
-            (out_dir / name).is_file() for info in manifest["splits"].values() for name in info["files"].values()
-        ):
-            return manifest
-    raise DataError(f"{out_dir} exists and is not a prepared directory; refusing to overwrite it")

@@ -5,7 +5,7 @@ What these preparations share is here; what a task's corpora are, how they are r
 them is encoded is the task's (a :class:`TextTask`). :func:`prepare_texts` then
 
 1. records each corpus's file and reuses an earlier preparation of the same inputs and options
-   (:func:`~transduce.data.preparation.earlier_preparation`);
+   (:func:`~transduce.data.manifest.earlier_preparation`);
 2. runs the task's first pass (:attr:`TextTask.check`), which raises every fault before any vocabulary is trained or
    any file is written, and samples the training texts (:class:`Reservoir`);
 3. learns a SentencePiece vocabulary on that sample, or takes a given one (:class:`GivenVocabulary`);
@@ -13,7 +13,7 @@ them is encoded is the task's (a :class:`TextTask`). :func:`prepare_texts` then
    (counted, never dropped), into the layout of a translation directory (:mod:`transduce.data.binary`): the text
    ids are the ``src`` side, and the ``tgt`` side holds each line's class index (labelled texts) or nothing;
 5. writes the manifest (with ``labels`` for labelled texts) and renames the directory into place
-   (:func:`~transduce.data.preparation.install_prepared`); nothing is left behind on failure.
+   (:func:`~transduce.data.manifest.install_prepared`); nothing is left behind on failure.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import sentencepiece
 import transduce
 from transduce.config import DataConfig
 from transduce.data.binary import SplitWriter, ids_dtype, split_files
+from transduce.data.manifest import FORMAT, VERSION, earlier_preparation, install_prepared
 from transduce.data.output import make_temp_dir, read_json
-from transduce.data.preparation import FORMAT, VERSION, earlier_preparation, install_prepared
 from transduce.errors import DataError
 from transduce.special import SPECIAL_IDS
 from transduce.tokenizer import Tokenizer, Vocabulary

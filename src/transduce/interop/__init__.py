@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transduce.errors import InteropError
+
+if TYPE_CHECKING:
+    from transduce.config import ModelConfig
 
 
 def require(module: str):
@@ -36,3 +40,29 @@ def quiet_transformers() -> None:
         return
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+
+
+def hf_config_fields(c: ModelConfig) -> dict[str, Any]:
+    """The ``transformers`` config fields of our model config that Marian and Pegasus (the pre-norm export, see
+    :mod:`.pegasus`) name and mean alike: shape, dropouts, positions and special ids."""
+    return dict(
+        tie_word_embeddings=c.tie_output,
+        d_model=c.d_model,
+        encoder_layers=c.encoder_layers,
+        decoder_layers=c.decoder_layers,
+        encoder_attention_heads=c.heads,
+        decoder_attention_heads=c.heads,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
+        activation_function=c.activation,
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout,
+        max_position_embeddings=c.max_positions,  # rows of the position table (1024 by default; opus-mt: 512)
+        scale_embedding=c.scale_embeddings,
+        pad_token_id=c.pad_id,
+        eos_token_id=c.eos_id,
+        bos_token_id=c.bos_id,
+        decoder_start_token_id=c.bos_id,
+        forced_eos_token_id=c.eos_id,
+    )

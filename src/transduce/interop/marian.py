@@ -41,7 +41,7 @@ from torch import Tensor
 
 from transduce.config import Config, DataConfig, DecodeConfig, ModelConfig
 from transduce.errors import InteropError
-from transduce.interop import prepare_output, require
+from transduce.interop import hf_config_fields, prepare_output, require
 from transduce.interop.marian_vocab import MarianVocab, write_marian_vocab
 from transduce.interop.pegasus import pegasus_config, pegasus_problems
 from transduce.model import Transformer
@@ -192,32 +192,6 @@ def export_problems(c: ModelConfig) -> list[str]:
             "embeddings it shares between encoder and decoder"
         )
     return problems
-
-
-def hf_config_fields(c: ModelConfig) -> dict[str, Any]:
-    """The ``transformers`` config fields of our model config that Marian and Pegasus (the pre-norm export, see
-    :mod:`transduce.interop.pegasus`) name and mean alike: shape, dropouts, positions and special ids."""
-    return dict(
-        tie_word_embeddings=c.tie_output,
-        d_model=c.d_model,
-        encoder_layers=c.encoder_layers,
-        decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.heads,
-        decoder_attention_heads=c.heads,
-        encoder_ffn_dim=c.d_ff,
-        decoder_ffn_dim=c.d_ff,
-        activation_function=c.activation,
-        dropout=c.dropout,
-        attention_dropout=c.attention_dropout,
-        activation_dropout=c.activation_dropout,
-        max_position_embeddings=c.max_positions,  # rows of the position table (1024 by default; opus-mt: 512)
-        scale_embedding=c.scale_embeddings,
-        pad_token_id=c.pad_id,
-        eos_token_id=c.eos_id,
-        bos_token_id=c.bos_id,
-        decoder_start_token_id=c.bos_id,
-        forced_eos_token_id=c.eos_id,
-    )
 
 
 def marian_config(c: ModelConfig):

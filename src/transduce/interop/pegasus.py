@@ -17,7 +17,7 @@ cannot be written as one. The tokenizer files are Marian's (``source.spm``, ``ta
 from __future__ import annotations
 
 from transduce.config import ModelConfig
-from transduce.interop import require
+from transduce.interop import hf_config_fields, require
 
 PEGASUS_LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which Pegasus uses
 
@@ -39,7 +39,5 @@ def pegasus_problems(c: ModelConfig) -> list[str]:
 
 def pegasus_config(c: ModelConfig):
     """The ``transformers.PegasusConfig`` of our (pre-norm, shared-vocabulary) model config."""
-    from transduce.interop.marian import hf_config_fields  # (marian.py dispatches pre-norm exports here)
-
     transformers = require("transformers")
     return transformers.PegasusConfig(vocab_size=c.src_vocab_size, **hf_config_fields(c))
