@@ -12,7 +12,7 @@ import time
 from harness import add_common_args, apply_common_args, machine, table
 from transduce.data import ParallelDataset
 from transduce.data.bpe_dropout import BPEDropoutEpochs
-from transduce.tokenizer import Tokenizer
+from transduce.text.tokenizer import Tokenizer
 
 
 def main() -> None:

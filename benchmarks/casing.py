@@ -8,7 +8,7 @@ sacreBLEU and the lowercased tokenised BLEU of the normal sources.
 
 Each ``--input-case`` value is one row group: ``keep`` gives the model the lines as they are, ``normalize`` lowercases
 ALL-CAPS and Title-Case lines first, ``truecase`` lowercases them and recases each word to its usual form in the
-training sources (transduce.casing). Decoding is the model's own configuration unless --beam is given.
+training sources (transduce.text.casing). Decoding is the model's own configuration unless --beam is given.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import time
 from sacrebleu.metrics import BLEU
 
 from harness import add_common_args, apply_common_args, machine, table
-from transduce import casing
-from transduce.evaluate import score, score_tokenized_lowercase
-from transduce.textio import read_lines
-from transduce.translate import Translator
+from transduce.search.evaluate import score, score_tokenized_lowercase
+from transduce.search.translator import Translator
+from transduce.text import casing
+from transduce.text.textio import read_lines
 
 VARIANTS = {"normal": lambda s: s, "ALL CAPS": str.upper, "Title Case": casing.title}
 

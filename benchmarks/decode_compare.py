@@ -39,11 +39,11 @@ import torch
 from harness import add_common_args, apply_common_args, interleaved, machine, table
 from transduce import fastpaths
 from transduce.config import DecodeConfig, ModelConfig
-from transduce.evaluate import score, score_tokenized_lowercase
 from transduce.search import generate
 from transduce.search.common import pad_sequences
-from transduce.textio import read_lines
-from transduce.translate import Translator
+from transduce.search.evaluate import score, score_tokenized_lowercase
+from transduce.search.translator import Translator
+from transduce.text.textio import read_lines
 
 MAX_EXTRA = 50  # output length limit: source length + 50, as the paper
 
@@ -138,7 +138,7 @@ def random_translator(preset: str, vocab_dir: Path) -> Translator:
     import random
 
     from transduce.model import Transformer
-    from transduce.tokenizer import Tokenizer
+    from transduce.text.tokenizer import Tokenizer
 
     rng = random.Random(0)
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -184,8 +184,8 @@ def main() -> None:
         translator = Translator.load(source)
     else:
         translator = random_translator(args.random, work / "vocab")
-        from transduce.checkpoint import save_model
         from transduce.config import Config
+        from transduce.training.checkpoint import save_model
 
         source = save_model(work / "model", translator.model, Config(model=translator.model.config), work / "vocab")
     tok = translator.tokenizer

@@ -31,13 +31,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from harness import add_common_args, apply_common_args, machine, table  # noqa: E402
 from train_common import MarianLogits, TorchTransformer, copy_to_torch  # noqa: E402
-from transduce import checkpoint as ckpt  # noqa: E402
 from transduce.config import Config  # noqa: E402
 from transduce.data import ParallelDataset, TokenBatchSampler, collate  # noqa: E402
-from transduce.loss import smoothed_nll_sums  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.textio import read_lines, resolve_corpus_file  # noqa: E402
-from transduce.translate import Translator  # noqa: E402
+from transduce.search.translator import Translator  # noqa: E402
+from transduce.text.textio import read_lines, resolve_corpus_file  # noqa: E402
+from transduce.training import checkpoint as ckpt  # noqa: E402
+from transduce.training.loss import smoothed_nll_sums  # noqa: E402
 
 WORDS = ["red", "blue", "green", "cat", "dog", "bird", "runs", "sits", "eats", "big", "small", "the", "a"]
 
@@ -74,7 +74,7 @@ def torchrun(config: Config, path: Path, nproc: int, *overrides: str, resume: Pa
     config.save(path)
     start = time.monotonic()
     if in_process and nproc == 1:
-        from transduce.train import train
+        from transduce.training.train import train
 
         outcome = train(resume=resume, overrides=list(overrides)) if resume else train(Config.load(path, overrides))
         if outcome.exit_code:

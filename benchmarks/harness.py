@@ -68,7 +68,7 @@ def cpu_name() -> str:
 
 def cpu_has_native_bf16() -> bool:
     """Whether the CPU has bf16 matrix instructions (AVX512-BF16 or AMX), so that bf16 autocast can be fast."""
-    from transduce.trainer import cpu_has_native_bf16 as has_bf16
+    from transduce.training.trainer import cpu_has_native_bf16 as has_bf16
 
     return has_bf16()
 

@@ -30,7 +30,7 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "movie_r
 
 def read_tsv(path: Path) -> tuple[list[str], list[str]]:
     """Labels and texts of a ``label<TAB>text`` file (gzipped or not)."""
-    from transduce.textio import read_lines
+    from transduce.text.textio import read_lines
 
     labels, texts = [], []
     for _, line in read_lines(path):
@@ -98,8 +98,8 @@ def runs_table(rows: list[str]) -> tuple[list[list[str]], list[list[str]]]:
 
 def pieces_per_word(runs: list[str], data: Path) -> list[list[str]]:
     """Pieces per whitespace-separated word of the training texts, under each run's source vocabulary."""
-    from transduce import checkpoint as ckpt
-    from transduce.vocab import load_vocabulary
+    from transduce.text.vocab import load_vocabulary
+    from transduce.training import checkpoint as ckpt
 
     _, texts = read_tsv(data / "train.tsv.gz")
     words = sum(len(t.split()) for t in texts)

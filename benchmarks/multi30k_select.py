@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 from harness import add_common_args, apply_common_args, machine, table
-from transduce import checkpoint as ckpt
 from transduce.config import Config
-from transduce.evaluate import score_tokenized_lowercase
-from transduce.report import evaluate_run
-from transduce.textio import read_lines, resolve_corpus_file
-from transduce.translate import Translator
+from transduce.search.evaluate import score_tokenized_lowercase
+from transduce.search.translator import Translator
+from transduce.text.textio import read_lines, resolve_corpus_file
+from transduce.training import checkpoint as ckpt
+from transduce.training.report import evaluate_run
 
 
 def floats(text: str) -> list[float]:

@@ -65,10 +65,10 @@ from train_common import (
     token_batches,
 )
 from transduce.config import DecodeConfig
-from transduce.loss import label_smoothed_nll
 from transduce.model import Transformer, kernels
 from transduce.search import generate
-from transduce.special import EOS_ID, PAD_ID
+from transduce.text.special import EOS_ID, PAD_ID
+from transduce.training.loss import label_smoothed_nll
 
 HERE = Path(__file__).resolve().parent
 KINDS = ("train", "greedy", "beam4")

@@ -1,7 +1,7 @@
 """Load test of ``transduce serve``: N requests from C concurrent clients over real HTTP on 127.0.0.1.
 
-The server (``transduce.serve.create_app`` under uvicorn) runs in this process, in a background thread, on a free
-port; the clients are asyncio tasks with one ``httpx.AsyncClient`` (one keep-alive connection) each, sending
+The server (``transduce.serving.server.create_app`` under uvicorn) runs in this process, in a background thread, on a
+free port; the clients are asyncio tasks with one ``httpx.AsyncClient`` (one keep-alive connection) each, sending
 ``/translate`` requests of 1-4 sentences back to back. Prints a markdown table: requests/s, sentences/s, p50/p99
 latency, how many batches and translate calls the server made, and errors (any answer but 200, or a transport
 error). Clients and server share one Python process (and its GIL), so the numbers are a lower bound for a server
@@ -32,8 +32,8 @@ from pathlib import Path
 import httpx
 
 from harness import add_common_args, apply_common_args, machine, table
-from transduce.serve import ServerThread, create_app
-from transduce.translate import Translator
+from transduce.search.translator import Translator
+from transduce.serving.server import ServerThread, create_app
 
 
 async def _load(url: str, bodies: list[dict], clients: int) -> tuple[list[float], int]:

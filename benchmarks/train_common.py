@@ -20,7 +20,7 @@ from transduce.config import ModelConfig
 from transduce.data.batch import Batch, collate
 from transduce.data.sampler import TokenBatchSampler
 from transduce.model import Transformer, sinusoid
-from transduce.special import PAD_ID
+from transduce.text.special import PAD_ID
 
 # Lengths (subword tokens, specials excluded) of sentence pairs, as log-normal fits: log(src) ~ N(mu, sigma) and
 # log(tgt / src) ~ N(ratio_mu, ratio_sigma). "multi30k": fitted to the prepared Multi30k En-De training set (joint

@@ -17,8 +17,8 @@ Prints the machine line, then a table row: updates/s (wall time) and CPU seconds
 validation and checkpoint included (``getrusage``'s ``ru_maxrss``, start-up included). CPU seconds per update
 move less than wall time when other jobs share the machine.
 
-``--unbounded`` measures training as it was before :mod:`transduce.memory`: oneDNN's and ideep's caches at their
-default capacities (1,024 entries each) and the C library's allocator for every tensor (no block cache). The
+``--unbounded`` measures training as it was before :mod:`transduce.training.memory`: oneDNN's and ideep's caches at
+their default capacities (1,024 entries each) and the C library's allocator for every tensor (no block cache). The
 environment is read when the process makes its first oneDNN primitive, so each setting needs its own process.
 """
 
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument(
         "--unbounded",
         action="store_true",
-        help="default oneDNN cache capacities, no block cache (training before transduce.memory)",
+        help="default oneDNN cache capacities, no block cache (training before transduce.training.memory)",
     )
     ap.add_argument("--run-dir", type=Path, help="train into this directory and keep it (default: a temporary one)")
     args = ap.parse_intermixed_args()
@@ -69,10 +69,11 @@ def main() -> None:
     if args.unbounded:  # before torch makes its first oneDNN primitive
         os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ["LRU_CACHE_CAPACITY"] = "1024"
 
-    from transduce import fastpaths, memory
+    from transduce import fastpaths
     from transduce.config import Config
-    from transduce.train import train
-    from transduce.trainer import StepResult, Trainer
+    from transduce.training import memory
+    from transduce.training.train import train
+    from transduce.training.trainer import StepResult, Trainer
 
     if args.unbounded:
         fastpaths.settings.block_cache = False
@@ -100,8 +101,8 @@ def main() -> None:
 
     Trainer.train_step = measured_step  # type: ignore[method-assign]
     print(machine())
-    print(f"{args.config}: {n} updates, {args.threads} thread(s), "
-          f"{'unbounded (before transduce.memory)' if args.unbounded else 'bounded (transduce.memory)'}")  # fmt: skip
+    bound = "unbounded (before transduce.training.memory)" if args.unbounded else "bounded (transduce.training.memory)"
+    print(f"{args.config}: {n} updates, {args.threads} thread(s), {bound}")
     try:
         outcome = train(config)
     finally:

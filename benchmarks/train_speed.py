@@ -25,8 +25,8 @@ attention weights or the FFN activation, which is what the presets say):
 Before timing, the copies must reproduce our logits in eval mode (max |diff| < 1e-4, asserted).
 
 Each step is ``logits = model(src, tgt_in)`` (under bf16 autocast for ``bf16``), a label-smoothed loss (eps 0.1,
-mean over target tokens) as each toolkit's users compute it (transduce: ``transduce.loss``, with its closed-form
-gradient; the peers: PyTorch's ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``), ``backward()``,
+mean over target tokens) as each toolkit's users compute it (transduce: ``transduce.training.loss``, with its
+closed-form gradient; the peers: PyTorch's ``F.cross_entropy(label_smoothing=0.1, ignore_index=pad)``), ``backward()``,
 ``Adam.step()`` (lr 1e-4, betas (0.9, 0.98), eps 1e-9,
 ``--adam`` implementation: foreach by default) and ``zero_grad(set_to_none=True)``. Batches: ``--steps`` batches
 made by transduce's own ``TokenBatchSampler`` (``--max-tokens`` 4096 per side, padding included) from 20,000
@@ -47,9 +47,9 @@ measured at the start, right operand contiguous or transposed (``nn.Linear``'s l
 CPUs without bf16 instructions (x86 without avx512_bf16 / AMX) bf16 products are emulated and far slower than fp32:
 bf16 is then measured but not worth using; the script says so.
 
-``--models transduce,torch,marian,trainer`` adds a row for ``transduce.trainer.Trainer.train_step`` on a copy of our
-model: the update ``transduce train`` makes (Adam as ``transduce.optim.build_optimizer`` builds it, the fused
-implementation; the learning-rate schedule; the gradient-norm check of every update).
+``--models transduce,torch,marian,trainer`` adds a row for ``transduce.training.trainer.Trainer.train_step`` on a copy
+of our model: the update ``transduce train`` makes (Adam as ``transduce.training.optim.build_optimizer`` builds it, the
+fused implementation; the learning-rate schedule; the gradient-norm check of every update).
 
 The contenders' dropout is each one's own (the same probabilities): transduce's CPU dropout
 (``transduce.model.layers.dropout``, a mask from 16 random bits per element) against PyTorch's ``F.dropout`` in
@@ -102,10 +102,10 @@ from train_common import (
 from transduce import fastpaths
 from transduce.config import Config, TrainConfig
 from transduce.data.batch import Batch
-from transduce.loss import label_smoothed_nll
 from transduce.model import Transformer
-from transduce.special import PAD_ID
-from transduce.trainer import Trainer
+from transduce.text.special import PAD_ID
+from transduce.training.loss import label_smoothed_nll
+from transduce.training.trainer import Trainer
 
 MARIAN_EAGER = "MarianMTModel (eager attention)"
 PEERS = ("torch.nn.Transformer", "MarianMTModel", MARIAN_EAGER)
@@ -132,7 +132,7 @@ def make_adam(params, kind: str) -> torch.optim.Optimizer:
 def loss_of(model: nn.Module, batch: Batch, precision: str) -> torch.Tensor:
     with autocast(precision):
         logits = model(batch.src, batch.tgt_in)
-    if isinstance(model, Transformer):  # ours (and the Trainer row): transduce.loss
+    if isinstance(model, Transformer):  # ours (and the Trainer row): transduce.training.loss
         loss_sum, _, n_tokens = label_smoothed_nll(logits, batch.tgt_out, 0.1, PAD_ID)
     else:  # the peers: PyTorch's own label-smoothed cross-entropy, what their users call
         n_tokens = int(batch.tgt_out.ne(PAD_ID).sum())
@@ -154,7 +154,7 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, batches: list[Batc
 
 
 def trainer_stepper(ours: Transformer) -> Callable[[list[Batch], str], float]:
-    """Updates through ``transduce.trainer.Trainer.train_step`` on a copy of ``ours``: what ``transduce train``
+    """Updates through ``transduce.training.trainer.Trainer.train_step`` on a copy of ``ours``: what ``transduce train``
     runs (its Adam as ``build_optimizer`` makes it, the learning-rate schedule, the gradient-norm check)."""
     model = Transformer(ours.config)
     model.load_state_dict(ours.state_dict())

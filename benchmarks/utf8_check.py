@@ -1,4 +1,4 @@
-"""The UTF-8 check of `transduce prepare` (transduce.textio.scan_text: counts lines and finds those that are not
+"""The UTF-8 check of `transduce prepare` (transduce.text.textio.scan_text: counts lines and finds those that are not
 UTF-8, in 1 MiB blocks): seconds per file size, on Latin-1 text (every other line has a byte that is not UTF-8) and
 on the same text in UTF-8 (no bad line), so that the cost of the bad lines shows beside the plain scan.
 
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from harness import add_common_args, apply_common_args, machine, median_seconds, table
-from transduce.textio import scan_text
+from transduce.text.textio import scan_text
 
 # two lines: one with accented letters (bytes >= 0x80 in Latin-1, multi-byte characters in UTF-8), one plain
 LINES = "Ein Bär läuft über die Straße, café crème à la française.\nA man rides a bike down the street.\n"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from transduce.checkpoint import save_model
-from transduce.classify import ClassifierModel
 from transduce.config import Config, DataConfig, ModelConfig
-from transduce.vocab import load_vocabulary
+from transduce.text.vocab import load_vocabulary
+from transduce.training.checkpoint import save_model
+from transduce.transfer.classify import ClassifierModel
 
 
 def make_classifier_checkpoint(

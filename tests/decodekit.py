@@ -13,7 +13,7 @@ import torch
 
 from transduce.config import ModelConfig
 from transduce.model import Transformer
-from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
+from transduce.text.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
 
 ALPHABET = "abcdefgh"
 
@@ -127,9 +127,9 @@ def reversal_model() -> Transformer:
 def make_checkpoint(directory: Path, *, max_len_b: int = 5, seed: int = 0) -> Path:
     """A standalone checkpoint of a random ``test``-preset model with a real SentencePiece vocabulary (trained here
     on a few words), for ``Translator.load`` and CLI tests. Decoding defaults to short outputs (``max_len_b``)."""
-    from transduce.checkpoint import save_model
     from transduce.config import Config, DecodeConfig
-    from transduce.tokenizer import Tokenizer
+    from transduce.text.tokenizer import Tokenizer
+    from transduce.training.checkpoint import save_model
 
     rng = random.Random(seed)
     words = ["a", "man", "dog", "rides", "the", "bike", "ein", "Mann", "Hund", "fährt", "das", "Rad", "café"]
@@ -158,10 +158,10 @@ def train_copy_checkpoint(
     trained in a few seconds to copy word sentences (target = source). Unlike :func:`make_checkpoint`'s random
     model, its translations are confident and exact, so other decoders (Hugging Face, CTranslate2, the server)
     must reproduce them token for token. Returns the checkpoint directory ``directory/model``."""
-    from transduce.checkpoint import save_model
     from transduce.config import Config, DecodeConfig
     from transduce.search.common import pad_sequences
-    from transduce.tokenizer import Tokenizer
+    from transduce.text.tokenizer import Tokenizer
+    from transduce.training.checkpoint import save_model
 
     vocab_dir = directory / "vocab"
     tok = Tokenizer.train(vocab_dir, copy_sentences(400, seed), vocab_size=300)

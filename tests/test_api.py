@@ -13,7 +13,7 @@ import transduce
 from decodekit import CharTokenizer, one_thread, reversal_model
 from transduce.cli import main
 from transduce.errors import DataError
-from transduce.translate import Translator
+from transduce.search.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +28,10 @@ def _single_thread():
 
 
 def test_top_level_names_are_the_library_objects():
-    from transduce.checkpoint import load_model
     from transduce.config import Config, DecodeConfig
     from transduce.data import prepare
-    from transduce.evaluate import score
+    from transduce.search.evaluate import score
+    from transduce.training.checkpoint import load_model
 
     assert transduce.Translator is Translator
     assert (transduce.Config, transduce.DecodeConfig) == (Config, DecodeConfig)

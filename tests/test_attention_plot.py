@@ -8,8 +8,8 @@ import torch
 from decodekit import CharTokenizer, one_thread
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.model import Transformer
-from transduce.plot import plot_attention, plot_attention_maps
-from transduce.translate import Translator
+from transduce.search.plot import plot_attention, plot_attention_maps
+from transduce.search.translator import Translator
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The batching core of the server (``transduce.batching``) alone, without HTTP or a model: requests merged into
+"""The batching core of the server (``transduce.serving.batching``) alone, without HTTP or a model: requests merged into
 one call per set of options, results in order, failures isolated to the request at fault, the window and the size
 limit, cancelled requests skipped, the inference thread, and shutdown."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from transduce.batching import Batcher
+from transduce.serving.batching import Batcher
 
 
 def test_batcher_groups_by_options_keeps_order_and_isolates_failures():

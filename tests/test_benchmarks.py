@@ -83,7 +83,8 @@ def test_movie_reviews_reads_a_classifier_runs_best_accuracy_and_minutes(harness
         events = [{"event": "valid", "step": 100 * (i + 1), "accuracy": a} for i, a in enumerate(accs)]
         events.insert(1, {"event": "train", "step": 150, "loss": 0.5})
         (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
-        (run / "train.log").write_text(f"x INFO transduce.train: finished (max_steps) at step 300 in {minutes} min\n")
+        log = f"x INFO transduce.training.train: finished (max_steps) at step 300 in {minutes} min\n"
+        (run / "train.log").write_text(log)
     assert movie_reviews.run_summary(tmp_path / "s1") == (74.0, 200, 300, 9.5)
     per_row, per_run = movie_reviews.runs_table([f"scratch={tmp_path / 's1'},{tmp_path / 's2'}"])
     assert per_row == [["scratch", "74.00 / 76.00", "75.00% ± 1.41", "10.2"]]

@@ -15,7 +15,7 @@ from decodekit import copy_sentences, one_thread
 from transduce import fastpaths
 from transduce.model import bf16
 from transduce.model.quantize import quantize_int8
-from transduce.translate import Translator
+from transduce.search.translator import Translator
 
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"
 # (vendor, PyTorch's capability, VNNI, AVX512-BF16, AMX-BF16/INT8): CPU kinds as PyTorch and /proc/cpuinfo report them
@@ -149,9 +149,9 @@ def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkp
 @pytest.mark.parametrize("cpu, expected", [(AMX_INTEL, "bf16"), (BF16_AMD, "fp32"), (AVX2_INTEL, "fp32")])
 def test_auto_precision_follows_the_cpu_and_says_so_once(monkeypatch, caplog, copy_checkpoint: Path, cpu, expected):
     monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
-    monkeypatch.setattr("transduce.translate._SAID", set())
+    monkeypatch.setattr("transduce.search.translator._SAID", set())
     expected = expected if fastpaths.onednn_available() else "fp32"
-    with caplog.at_level(logging.INFO, logger="transduce.translate"):
+    with caplog.at_level(logging.INFO, logger="transduce.search.translator"):
         first = Translator.load(copy_checkpoint, precision="auto")
         second = Translator.load(copy_checkpoint, precision="auto")
     assert first.precision == second.precision == expected

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import transduce.train as train_module
+import transduce.training.train as train_module
 from test_train import _cfg, _drive, _losses, _weights
 from trainkit import toy_config, write_corpus
 from transduce.config import Config, ConfigError
@@ -17,8 +17,8 @@ from transduce.data.bpe_dropout import BPEDropout, BPEDropoutEpochs
 from transduce.data.sampler import TokenBatchSampler
 from transduce.data.train_batches import training_data
 from transduce.errors import DataError
-from transduce.tokenizer import Tokenizer
-from transduce.train import train
+from transduce.text.tokenizer import Tokenizer
+from transduce.training.train import train
 
 
 def _epochs(prepared, dropout=0.2, **kw):

@@ -13,15 +13,15 @@ import pytest
 import torch
 import yaml
 
-import transduce.trainer as trainer_module
+import transduce.training.trainer as trainer_module
 from test_data_prepare import config, toy_pairs, write
-from transduce import casing
 from transduce.config import Config, ConfigError, DataConfig, DecodeConfig
 from transduce.data import ParallelDataset, prepare
 from transduce.errors import DataError
-from transduce.evaluate import tokenized_evidence
-from transduce.tokenizer import Tokenizer
-from transduce.translate import Translator
+from transduce.search.evaluate import tokenized_evidence
+from transduce.search.translator import Translator
+from transduce.text import casing
+from transduce.text.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -210,7 +210,7 @@ def test_normalize_translates_the_lowercased_line_and_restores_its_style(copy_ch
 
 
 def test_truecase_gives_the_model_the_recased_line_and_travels_with_the_checkpoint(copy_checkpoint, tmp_path):
-    from transduce.checkpoint import copy_vocab, vocab_dir_of
+    from transduce.training.checkpoint import copy_vocab, vocab_dir_of
 
     translator = Translator.load(copy_checkpoint)
     shouting = ["TWO GIRLS PLAY ON THE GRASS.", "A Man Rides The Red Bike.", "a man rides the red bike."]
@@ -233,11 +233,11 @@ def test_truecase_gives_the_model_the_recased_line_and_travels_with_the_checkpoi
 def test_output_is_detokenised_and_keeps_case_and_punctuation(tmp_path):
     """A cased toy model (trained in seconds on the copy task with capitals and punctuation) writes plain text."""
     from decodekit import fit
-    from transduce.checkpoint import save_model
     from transduce.config import ModelConfig
     from transduce.model import Transformer
     from transduce.search.common import pad_sequences
-    from transduce.special import BOS_ID, EOS_ID, PAD_ID
+    from transduce.text.special import BOS_ID, EOS_ID, PAD_ID
+    from transduce.training.checkpoint import save_model
 
     sentences = ["Hello, World!", "The Dog's Café.", "Zwei Hunde, ein Mann.", "Ça va? Oui!"] * 16
     tok = Tokenizer.train(tmp_path / "vocab", sentences, vocab_size=320)
@@ -290,7 +290,7 @@ def test_the_trainer_logs_the_resolved_precision(monkeypatch, caplog):
 
     monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: False)
     model = Transformer(ModelConfig.preset("test", src_vocab_size=20, tgt_vocab_size=20))
-    with caplog.at_level(logging.INFO, logger="transduce.trainer"):
+    with caplog.at_level(logging.INFO, logger="transduce.training.trainer"):
         trainer = trainer_module.Trainer(Config(train=TrainConfig()), model, torch.device("cpu"))
     assert trainer.precision == "fp32" and trainer.autocast_dtype is None
     assert "precision: fp32 (auto: this CPU has no bf16 instructions" in caplog.text

@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig
 from transduce.errors import CheckpointError
 from transduce.model import Transformer
+from transduce.training import checkpoint as ckpt
 
 
 def _config(**model):
@@ -263,4 +263,4 @@ def test_manifest_checksums_are_the_sha256_of_each_file(tmp_path, vocab):
     assert manifest["files"]
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
-    assert not hasattr(ckpt, "_sha256_file")  # one file hash in the package: transduce.textio.sha256_file
+    assert not hasattr(ckpt, "_sha256_file")  # one file hash in the package: transduce.text.textio.sha256_file

@@ -14,21 +14,21 @@ import pytest
 import torch
 
 from decodekit import make_checkpoint
-from transduce import checkpoint as ckpt
-from transduce.classify import load_classifier, transfer
-from transduce.classify.data import collate_classes
-from transduce.classify.model import ENCODER_PREFIXES, ClassifierModel
-from transduce.classify.training import loss_sums
 from transduce.cli import main
 from transduce.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig
 from transduce.data import ParallelDataset, prepare
 from transduce.errors import CheckpointError, DataError
-from transduce.finetune import FinetuneError, _pretrained
-from transduce.optim import build_optimizer, set_learning_rate
 from transduce.search.common import pad_sequences
-from transduce.train import train
-from transduce.translate import Translator
-from transduce.vocab import load_vocabulary
+from transduce.search.translator import Translator
+from transduce.text.vocab import load_vocabulary
+from transduce.training import checkpoint as ckpt
+from transduce.training.finetune import FinetuneError, _pretrained
+from transduce.training.optim import build_optimizer, set_learning_rate
+from transduce.training.train import train
+from transduce.transfer.classify import load_classifier, transfer
+from transduce.transfer.classify.data import collate_classes
+from transduce.transfer.classify.model import ENCODER_PREFIXES, ClassifierModel
+from transduce.transfer.classify.training import loss_sums
 
 WORDS = ["the", "film", "a", "plot", "is", "dull", "actor", "story", "long", "fine", "music", "ends", "and", "was"]
 MARK = "zebra"  # the toy rule: a text is "yes" when it holds this word

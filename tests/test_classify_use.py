@@ -18,11 +18,11 @@ import transduce
 from classifykit import make_classifier_checkpoint
 from decodekit import one_thread
 from test_classify import classify_config, toy_examples, write_tsv
-from transduce.classify import Classifier, load_classifier
-from transduce.classify.metrics import classification_scores, confusion_matrix
 from transduce.cli import main
 from transduce.errors import CheckpointError, TransduceError
-from transduce.train import train
+from transduce.training.train import train
+from transduce.transfer.classify import Classifier, load_classifier
+from transduce.transfer.classify.metrics import classification_scores, confusion_matrix
 
 HELD_OUT = toy_examples(12, 3)  # (label, text): texts the classifier did not train on
 TEXTS = [text for _, text in HELD_OUT]
@@ -151,8 +151,8 @@ def test_a_classifier_of_pairs_reads_two_texts_a_line(run, tmp_path, capsys):
 def test_the_server_answers_what_the_api_does(classifier, run):
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
     httpx = pytest.importorskip("httpx", reason="httpx is not installed")
-    from transduce.classify.serve import create_classifier_app
-    from transduce.serve import ServerThread
+    from transduce.serving.server import ServerThread
+    from transduce.transfer.classify.serve import create_classifier_app
 
     app = create_classifier_app(Classifier.load(run), max_sentences=len(TEXTS), batch_wait_ms=1.0)
     with ServerThread(app) as url, httpx.Client(base_url=url, timeout=60) as client:
@@ -180,10 +180,10 @@ def test_the_server_answers_what_the_api_does(classifier, run):
 
 
 def test_transduce_serve_serves_a_classifier_with_the_limits_it_reads(run, monkeypatch):
-    import transduce.serve
+    import transduce.serving.server
 
     served = {}
-    monkeypatch.setattr(transduce.serve, "serve", lambda *args, **kwargs: served.update(kwargs))
+    monkeypatch.setattr(transduce.serving.server, "serve", lambda *args, **kwargs: served.update(kwargs))
     assert main(["serve", "--model", str(run), "--port", "0", "--max-sentences", "7", "--device", "cpu", "-q"]) == 0
     assert isinstance(served.pop("classifier"), Classifier)
     assert served == {"access_log": True, "max_sentences": 7, "max_chars": 1000, "max_body_bytes": 1_000_000,

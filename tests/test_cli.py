@@ -184,7 +184,7 @@ def test_quiet_after_the_verb_leaves_only_warnings_on_stderr(checkpoint, tmp_pat
     loud = subprocess.run([*argv, "--threads", "1"], capture_output=True, text=True, env=env, timeout=600)
     quiet = subprocess.run([*argv, "--threads", "1", "-q"], capture_output=True, text=True, env=env, timeout=600)
     assert loud.returncode == quiet.returncode == 0
-    assert "INFO transduce.checkpoint: loaded" in loud.stderr and quiet.stderr == ""
+    assert "INFO transduce.training.checkpoint: loaded" in loud.stderr and quiet.stderr == ""
     assert quiet.stdout == loud.stdout and quiet.stdout.count("\n") == 1
 
 

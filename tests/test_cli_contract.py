@@ -672,14 +672,15 @@ def interrupt_when(monkeypatch, target: str) -> None:
 @pytest.mark.parametrize(
     ("target", "argv"),
     [
-        ("transduce.translate:Translator.translate_lines",
+        ("transduce.search.translator:Translator.translate_lines",
          lambda f: ["evaluate", "--model", f.model, "--src", f.good, "--ref", f.ref, "-o", f.out()]),
         ("transduce.parsing.pcfg:right_branching",
          lambda f: ["parse", "--baseline", "right-branching", "-i", f.good, "-o", f.out()]),
-        ("transduce.tokenizer:Tokenizer.train", lambda f: ["prepare", "--train", f.tsv, "-o", f.out("prepared")]),
-        ("transduce.quickstart:write_corpus", lambda f: ["quickstart", "-o", f.out("qs")]),
+        ("transduce.text.tokenizer:Tokenizer.train", lambda f: ["prepare", "--train", f.tsv, "-o", f.out("prepared")]),
+        ("transduce.training.quickstart:write_corpus", lambda f: ["quickstart", "-o", f.out("qs")]),
         # embed: while the file is written (under its temporary name, in a directory made for it)
-        ("transduce.embed:_write_npz", lambda f: ["embed", "--model", f.model, "-i", f.good, "-o", f.out("v.npz")]),
+        ("transduce.transfer.embed:_write_npz",
+         lambda f: ["embed", "--model", f.model, "-i", f.good, "-o", f.out("v.npz")]),
     ],
     ids=["evaluate", "parse", "prepare", "quickstart", "embed"],
 )  # fmt: skip
@@ -696,16 +697,16 @@ def test_ctrl_c_mid_way_exits_130_in_one_line_leaving_nothing(files, cli, monkey
 def test_ctrl_c_during_quickstart_training_stops_it(files, cli, monkeypatch):
     """Training takes Ctrl-C itself (a checkpoint, then exit 130): the quickstart stops there instead of going on to
     evaluate a model it did not finish, and removes the directory it made."""
-    import transduce.train
+    import transduce.training.train
 
-    original = transduce.train._Signals.__enter__
+    original = transduce.training.train._Signals.__enter__
 
     def enter(self):
         entered = original(self)
         signal.raise_signal(signal.SIGINT)  # the loop stops after its first update
         return entered
 
-    monkeypatch.setattr(transduce.train._Signals, "__enter__", enter)
+    monkeypatch.setattr(transduce.training.train._Signals, "__enter__", enter)
     before = snapshot(files.root, files.model)
     code, _, err = cli(["quickstart", "-o", files.out("qs"), "--train-pairs", "200", "--test-pairs", "20"])
     assert code == 130 and err[-1] == "transduce quickstart: interrupted"

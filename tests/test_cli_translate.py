@@ -43,7 +43,7 @@ def test_translate_nbest_format(checkpoint, tmp_path, capsys):
     rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
     assert [r[0] for r in rows] == ["0", "0", "0", "1", "1", "1"]
     # Moses: ID ||| TRANSLATION ||| FEATURES ||| SCORE, the features "log_prob= X"; what the API returns
-    from transduce.translate import Translator
+    from transduce.search.translator import Translator
 
     # (the command's default precision is auto: bf16 products on a CPU with AMX, fp32 elsewhere)
     expected = Translator.load(checkpoint, precision="auto").translate_nbest(["a dog.", "the bike."], nbest=3)

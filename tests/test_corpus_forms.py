@@ -15,7 +15,7 @@ from transduce.cli import main
 from transduce.data import ParallelDataset, prepare
 from transduce.data.corpus import Corpus, parse_jsonl, read_corpus, resolve_corpus, split_tsv
 from transduce.errors import DataError
-from transduce.validate import read_references
+from transduce.training.validate import read_references
 
 FIELDS = ("src", "tgt")
 
@@ -133,7 +133,7 @@ def test_every_form_prepares_what_the_prefix_form_prepares(tmp_path, form):
         np.testing.assert_array_equal(ParallelDataset(out, split).line_index, lines)
     assert manifest["splits"]["train"]["counts"]["empty"] == 2
     # validation BLEU reads the raw target side of the corpus, whatever its form
-    from transduce.tokenizer import Tokenizer
+    from transduce.text.tokenizer import Tokenizer
 
     tok = Tokenizer.load(out)
     refs, kind = read_references(ParallelDataset(out, "valid"), tok)

@@ -12,15 +12,15 @@ import torch
 
 from decodekit import make_checkpoint
 from test_classify import classify_config, toy_examples, write_tsv
-from transduce import checkpoint as ckpt
-from transduce.classify import load_classifier, transfer
-from transduce.classify.data import collate_classes
-from transduce.classify.model import ENCODER_PREFIXES, ClassifierModel
-from transduce.classify.training import loss_sums
 from transduce.config import Config, ConfigError, ModelConfig
-from transduce.finetune import _pretrained
 from transduce.search.common import pad_sequences
-from transduce.train import train
+from transduce.training import checkpoint as ckpt
+from transduce.training.finetune import _pretrained
+from transduce.training.train import train
+from transduce.transfer.classify import load_classifier, transfer
+from transduce.transfer.classify.data import collate_classes
+from transduce.transfer.classify.model import ENCODER_PREFIXES, ClassifierModel
+from transduce.transfer.classify.training import loss_sums
 
 
 @pytest.fixture(scope="module")

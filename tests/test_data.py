@@ -13,8 +13,8 @@ import torch
 from transduce.data import Batch, TokenBatchSampler, collate, padding_stats, read_manifest
 from transduce.data.output import read_json
 from transduce.errors import DataError
-from transduce.special import BOS_ID, EOS_ID, PAD_ID
-from transduce.textio import count_lines, read_lines, read_parallel, resolve_corpus_file
+from transduce.text.special import BOS_ID, EOS_ID, PAD_ID
+from transduce.text.textio import count_lines, read_lines, read_parallel, resolve_corpus_file
 
 # ----------------------------------------------------------------------------------------------------------------------
 # reading text
@@ -305,7 +305,7 @@ def test_collate_with_empty_sequences_and_other_ids():
 
 
 def test_scan_counts_lines_and_finds_invalid_utf8_fast(tmp_path):
-    from transduce.textio import scan_text
+    from transduce.text.textio import scan_text
 
     path = tmp_path / "t.txt"
     path.write_bytes(b"\xef\xbb\xbfok\nbad \xff\nfine\nalso \xc3\x28 bad\nlast")
@@ -321,7 +321,7 @@ def test_scan_counts_lines_and_finds_invalid_utf8_fast(tmp_path):
 def test_scan_of_text_that_is_not_utf8_takes_linear_time(tmp_path):
     import time
 
-    from transduce.textio import scan_text
+    from transduce.text.textio import scan_text
 
     # 1 MiB of Latin-1 (one block of the scan), every line with a byte that is not UTF-8, and a valid line between
     line = "Straße café naïve\n".encode("latin-1") + b"plain line\n"
@@ -336,7 +336,7 @@ def test_scan_of_text_that_is_not_utf8_takes_linear_time(tmp_path):
 
 
 def test_scan_reports_the_first_bad_byte_of_each_line_across_multibyte_text(tmp_path):
-    from transduce.textio import _invalid_lines
+    from transduce.text.textio import _invalid_lines
 
     # valid multi-byte characters before the bad bytes shift the byte offsets away from the character offsets
     text = "😀 ok\n".encode() + "é é ".encode() + b"\xff\xfe x\n" + "ü".encode() + b"\xc3\x28\xff\nfine\n\xe2\x82\n"

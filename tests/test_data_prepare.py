@@ -19,7 +19,7 @@ import transduce.data.preparation as prep
 from transduce.config import DataConfig
 from transduce.data import ParallelDataset, TokenBatchSampler, padding_stats, prepare
 from transduce.errors import DataError
-from transduce.tokenizer import Tokenizer
+from transduce.text.tokenizer import Tokenizer
 
 MULTI30K = Path(__file__).parents[2] / "shared" / "data" / "multi30k"
 EN_DE = {

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trainkit import toy_config, write_corpus
-from transduce import checkpoint as ckpt
-from transduce.runlog import read_metrics
+from transduce.training import checkpoint as ckpt
+from transduce.training.runlog import read_metrics
 
 _SCRIPT = textwrap.dedent(
     """
@@ -18,9 +18,9 @@ _SCRIPT = textwrap.dedent(
     import torch
     from transduce.config import Config, ModelConfig, TrainConfig
     from transduce.data import collate
-    from transduce.distributed import leave, setup, teardown
+    from transduce.training.distributed import leave, setup, teardown
     from transduce.model import Transformer
-    from transduce.trainer import Trainer
+    from transduce.training.trainer import Trainer
 
     torch.set_num_threads(1)
     # bias=False: the gradient of an attention key bias is exactly zero in theory (softmax ignores a constant
@@ -102,7 +102,7 @@ def test_torchrun_transduce_train_writes_one_run_directory(tmp_path):
 
 
 def test_leave_flushes_output_and_exits_with_the_code():
-    code = "from transduce.distributed import leave\nprint('written before leaving')\nleave(3)\nprint('never')"
+    code = "from transduce.training.distributed import leave\nprint('written before leaving')\nleave(3)\nprint('never')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode == 3
     assert proc.stdout == "written before leaving\n"  # (a pipe's buffer that os._exit alone would have lost)

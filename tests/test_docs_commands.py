@@ -275,7 +275,7 @@ def test_shell_lines_give_their_transduce_commands():
 
 
 def test_the_cli_reference_lists_every_verb_and_every_download_dataset():
-    from transduce.download import DATASETS
+    from transduce.data.download import DATASETS
 
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     table = {m.group(1) for m in re.finditer(r"^\| `([a-z-]+)` \|", text, re.M)}

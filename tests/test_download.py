@@ -6,7 +6,7 @@ import pytest
 
 from httpkit import serve_directory
 from transduce.cli import main
-from transduce.download import DownloadError, download, multi30k_files
+from transduce.data.download import DownloadError, download, multi30k_files
 
 
 @pytest.fixture

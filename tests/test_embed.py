@@ -19,10 +19,10 @@ import torch
 from decodekit import one_thread
 from transduce.cli import main
 from transduce.config import ConfigError, DecodeConfig, ModelConfig
-from transduce.embed import FORMATS, read_embeddings
-from transduce.ensemble import Ensemble
 from transduce.model import Transformer
-from transduce.translate import Translator
+from transduce.search.ensemble import Ensemble
+from transduce.search.translator import Translator
+from transduce.transfer.embed import FORMATS, read_embeddings
 
 TEXTS = ["a man rides the bike.", "the dog.", "", "ein Mann fährt das Rad und der Hund", "café café a man", "dog"]
 INVALID_HINT = "use --replace-invalid to embed it with U+FFFD in place"
@@ -152,7 +152,7 @@ def test_a_line_over_max_input_tokens_is_encoded_in_parts_with_a_warning(checkpo
     ids = t.tokenizer.encode_src(text)
     parts = t._split(ids)
     assert len(parts) > 1
-    with caplog.at_level(logging.WARNING, logger="transduce.embed"):
+    with caplog.at_level(logging.WARNING, logger="transduce.transfer.embed"):
         [v] = t.embed([text])
     assert f"line 1: {len(ids)} source tokens exceed max_input_tokens=4; encoded in {len(parts)} parts" in caplog.text
     assert v.pieces == t.tokenizer.src_pieces(ids)

@@ -1,6 +1,6 @@
-"""Ensembles (``transduce.ensemble``): an ensemble of one model is the model; the ensemble's next-token distribution
-is the mean of the members' probabilities, so a beam hypothesis's log-probability equals the teacher-forced sum of
-the log mean probabilities; cache == no cache; members with another vocabulary are refused by name; and the
+"""Ensembles (``transduce.search.ensemble``): an ensemble of one model is the model; the ensemble's next-token
+distribution is the mean of the members' probabilities, so a beam hypothesis's log-probability equals the teacher-forced
+sum of the log mean probabilities; cache == no cache; members with another vocabulary are refused by name; and the
 ensemble reaches the command line (``translate`` with several ``--model``), the library and the
 server (whose attention view refuses it with a 400)."""
 
@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from decodekit import make_checkpoint, one_thread
-from transduce.checkpoint import save_model
 from transduce.cli import main
 from transduce.config import Config, ConfigError, DecodeConfig, ModelConfig
-from transduce.ensemble import Ensemble
 from transduce.model import Transformer
 from transduce.search import beam_search, greedy_search
-from transduce.special import BOS_ID, EOS_ID, PAD_ID
-from transduce.translate import Translator
+from transduce.search.ensemble import Ensemble
+from transduce.search.translator import Translator
+from transduce.text.special import BOS_ID, EOS_ID, PAD_ID
+from transduce.training.checkpoint import save_model
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -93,7 +93,7 @@ def test_the_smallest_position_limit_of_the_members_bounds_the_ensembles_inputs_
 
     sinusoidal = random_model(0, src_vocab_size=12, tgt_vocab_size=12)
     learned = random_model(1, src_vocab_size=12, tgt_vocab_size=12, positions="learned", max_positions=16)
-    with caplog.at_level("INFO", logger="transduce.ensemble"):
+    with caplog.at_level("INFO", logger="transduce.search.ensemble"):
         ensemble = Ensemble([sinusoidal, learned])
     assert "ensemble: model 2's learned positions stop at 16: inputs and outputs limited to 15 tokens" in caplog.text
     assert (ensemble.config.positions, ensemble.config.max_positions) == ("learned", 16)
@@ -148,7 +148,7 @@ def test_library_and_command_line_ensembles(pair, tmp_path, capsys):
 def test_server_translates_with_an_ensemble_and_refuses_its_attention(pair):
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
     httpx = pytest.importorskip("httpx", reason="httpx is not installed")
-    from transduce.serve import ServerThread, create_app
+    from transduce.serving.server import ServerThread, create_app
 
     first, second, _ = pair
     translator = Translator.load([first, second])

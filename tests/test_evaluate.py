@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 
 from transduce.errors import TransduceError
-from transduce.evaluate import LengthMismatchError, score, score_tokenized_lowercase
+from transduce.search.evaluate import LengthMismatchError, score, score_tokenized_lowercase
 
 HYPS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest."]
 REFS = ["Ein Mann fährt ein Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch."]

@@ -13,9 +13,9 @@ import torch
 
 from decodekit import copy_sentences, one_thread
 from transduce import ModelConfig, Transformer, fastpaths
-from transduce.loss import label_smoothed_nll
 from transduce.model import kernels
-from transduce.translate import Translator
+from transduce.search.translator import Translator
+from transduce.training.loss import label_smoothed_nll
 
 # every fast path off: PyTorch's operations, the decoder's modules, SDPA, MKL, fbgemm, the collector running
 ALL_OFF = dict(

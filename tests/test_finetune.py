@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from decodekit import COPY_WORDS, copy_sentences, train_copy_checkpoint
-from transduce.checkpoint import load_model, load_trainer_state, resolve
 from transduce.cli import main
 from transduce.config import Config, DataConfig, ModelConfig, TrainConfig
 from transduce.data import ParallelDataset
 from transduce.data.sampler import MixedBatchSampler, TokenBatchSampler
-from transduce.finetune import FinetuneError
 from transduce.interop.ctranslate2 import export_ctranslate2
 from transduce.interop.marian import export_hf, load_hf
-from transduce.train import train
-from transduce.translate import Translator
-from transduce.vocab import load_vocabulary
+from transduce.search.translator import Translator
+from transduce.text.vocab import load_vocabulary
+from transduce.training.checkpoint import load_model, load_trainer_state, resolve
+from transduce.training.finetune import FinetuneError
+from transduce.training.train import train
 
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -308,7 +308,7 @@ def test_mixing_share_holds_within_sampling_error():
 
 
 def test_tokenizer_does_not_import_interop():
-    code = "import sys, transduce.tokenizer; print(any(m.startswith('transduce.interop') for m in sys.modules))"
+    code = "import sys, transduce.text.tokenizer; print(any(m.startswith('transduce.interop') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

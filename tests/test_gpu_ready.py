@@ -17,10 +17,10 @@ _DDP_VALIDATION_SCRIPT = textwrap.dedent(
     import torch
     from transduce.config import Config, DecodeConfig, ModelConfig, TrainConfig
     from transduce.data import collate
-    from transduce.distributed import leave, setup, teardown
+    from transduce.training.distributed import leave, setup, teardown
     from transduce.model import Transformer
     from transduce.search import generate
-    from transduce.trainer import Trainer
+    from transduce.training.trainer import Trainer
 
     torch.set_num_threads(1)
     model = ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30)
@@ -150,7 +150,7 @@ def test_two_python_environments_build_under_different_names(monkeypatch):
 def _trainer(dropout_free: bool = False, **train):
     from transduce.config import Config, ModelConfig, TrainConfig
     from transduce.model import Transformer
-    from transduce.trainer import Trainer
+    from transduce.training.trainer import Trainer
 
     extra = {"dropout": 0.0} if dropout_free else {}
     config = Config(
@@ -177,7 +177,7 @@ def _batches(n):
 def test_the_process_group_gets_the_configured_timeout_and_shared_gpus_use_gloo(monkeypatch):
     import datetime
 
-    import transduce.distributed as d
+    import transduce.training.distributed as d
 
     seen = []
     monkeypatch.setattr(d.dist, "is_initialized", lambda: False)
@@ -196,7 +196,7 @@ def test_the_process_group_gets_the_configured_timeout_and_shared_gpus_use_gloo(
 
 
 def test_cuda_rng_state_is_this_device_only_and_restores_with_fewer_visible_gpus(monkeypatch):
-    from transduce.trainer import rng_state, set_rng_state
+    from transduce.training.trainer import rng_state, set_rng_state
 
     states = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]
     current = {"device": 3, "count": 8}
@@ -394,7 +394,7 @@ def test_cli_device_cuda_without_cuda_is_a_one_line_error(copy_checkpoint, capsy
 
 def test_translator_precisions_cast_the_weights_and_translate_alike(copy_checkpoint):
     from transduce.config import ConfigError
-    from transduce.translate import Translator
+    from transduce.search.translator import Translator
 
     sentences = ["a man rides the red bike.", "two girls play on grass."]  # what the copy model learnt
     fp32 = Translator.load(copy_checkpoint, "cpu")

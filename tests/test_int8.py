@@ -15,7 +15,7 @@ from decodekit import copy_sentences, one_thread
 from transduce import fastpaths
 from transduce.model import kernels, packed, quantize, step
 from transduce.model.quantize import int8_function, pack_weight, quantize_int8
-from transduce.translate import Translator
+from transduce.search.translator import Translator
 
 DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from decodekit import copy_sentences, one_thread, train_copy_checkpoint
-from transduce.checkpoint import load_model, save_model
 from transduce.cli import main
 from transduce.config import Config
 from transduce.errors import InteropError
@@ -19,7 +18,8 @@ from transduce.interop.marian import export_hf, import_hf, load_hf, residual_per
 from transduce.model import Transformer, sinusoid
 from transduce.search import generate
 from transduce.search.common import pad_sequences
-from transduce.translate import Translator
+from transduce.search.translator import Translator
+from transduce.training.checkpoint import load_model, save_model
 
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -309,7 +309,7 @@ def test_row_topk_orders_ties_within_a_vectorised_block_by_index():
 def test_a_training_step_gives_the_same_loss_and_gradients_without_the_kernels(monkeypatch, autocast):
     """Dropout (the same masks from the same seed) and the loss through the kernels or through PyTorch's operations:
     one seeded training step of a model with dropout, in float32 and under bf16 autocast."""
-    from transduce.loss import label_smoothed_nll
+    from transduce.training.loss import label_smoothed_nll
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig.preset("test", src_vocab_size=50, tgt_vocab_size=50, dropout=0.3)).train()

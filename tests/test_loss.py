@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from transduce import fastpaths
-from transduce.loss import label_smoothed_nll
 from transduce.model import kernels
+from transduce.training.loss import label_smoothed_nll
 
 needs_kernels = pytest.mark.skipif(kernels.compiled() is None, reason="transduce's CPU kernels could not be built")
 

@@ -1,5 +1,5 @@
-"""Bounded training memory (transduce.memory): oneDNN's caches capped during training, large tensors from the block
-cache within its bound while batch sizes change, and the environment and allocator as they were after the run."""
+"""Bounded training memory (transduce.training.memory): oneDNN's caches capped during training, large tensors from the
+block cache within its bound while batch sizes change, and the environment and allocator as they were after the run."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from trainkit import toy_config
-from transduce import fastpaths, memory
+from transduce import fastpaths
 from transduce.model import kernels
-from transduce.train import train
-from transduce.trainer import Trainer
+from transduce.training import memory
+from transduce.training.train import train
+from transduce.training.trainer import Trainer
 
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
@@ -38,7 +39,7 @@ def test_a_capped_onednn_cache_compiles_a_shape_again_after_more_new_shapes_than
     result = _python(f"""
         import contextlib
         import torch
-        from transduce import memory
+        from transduce.training import memory
         with memory.capped_onednn_caches() if {capped} else contextlib.nullcontext():
             weight = torch.ops.mkldnn._reorder_linear_weight(torch.randn(16, 8))
             for rows in [*range(1, 301), 1]:
@@ -131,7 +132,7 @@ def test_onednn_memory_made_during_training_is_freed_after_it():
     # oneDNN's tensors are freed through whatever CPU allocator is current then: the cache stays that allocator
     result = _python("""
         import torch
-        from transduce import memory
+        from transduce.training import memory
         with memory.training_memory(torch.device("cpu")):
             weight = torch.randn(512, 1024).to_mkldnn()
         del weight

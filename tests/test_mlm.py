@@ -14,23 +14,23 @@ import pytest
 import torch
 
 from decodekit import make_checkpoint
-from transduce import checkpoint as ckpt
-from transduce.classify import load_classifier, transfer
-from transduce.classify.model import ENCODER_PREFIXES, ClassifierModel
 from transduce.cli import main
 from transduce.config import Config, ConfigError, ModelConfig
 from transduce.data import ParallelDataset, prepare
 from transduce.errors import CheckpointError, DataError
-from transduce.finetune import FinetuneError, _pretrained
-from transduce.mlm import load_masked_lm
-from transduce.mlm.data import FixedMasking, MaskedEpochs, collate_masked
-from transduce.mlm.masking import MaskedText, Masker
-from transduce.mlm.model import MaskedLM
-from transduce.mlm.training import loss_sums
-from transduce.runlog import read_metrics
 from transduce.search.common import pad_sequences
-from transduce.train import train
-from transduce.translate import Translator
+from transduce.search.translator import Translator
+from transduce.training import checkpoint as ckpt
+from transduce.training.finetune import FinetuneError, _pretrained
+from transduce.training.runlog import read_metrics
+from transduce.training.train import train
+from transduce.transfer.classify import load_classifier, transfer
+from transduce.transfer.classify.model import ENCODER_PREFIXES, ClassifierModel
+from transduce.transfer.mlm import load_masked_lm
+from transduce.transfer.mlm.data import FixedMasking, MaskedEpochs, collate_masked
+from transduce.transfer.mlm.masking import MaskedText, Masker
+from transduce.transfer.mlm.model import MaskedLM
+from transduce.transfer.mlm.training import loss_sums
 
 LETTERS = "abcdefghijklmnop"
 
@@ -344,7 +344,7 @@ def test_bad_input_is_one_error_naming_the_file_and_nothing_is_written(tmp_path:
 
 def test_what_cannot_take_a_masked_language_model_says_so_in_one_line(mlm_run: Path, toy, tmp_path: Path):
     message = (f"{mlm_run} is a masked language model (data.task: mlm), which has no decoder: use "
-               "transduce.mlm.load_masked_lm, or train.init_from of a classifier; this command takes a translation "
+               "transduce.load_masked_lm, or train.init_from of a classifier; this command takes a translation "
                "model")  # fmt: skip
     with pytest.raises(CheckpointError) as e:
         Translator.load(mlm_run)

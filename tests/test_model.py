@@ -16,7 +16,7 @@ from transduce.model import layers as layers_module
 from transduce.model import packed as packed_module
 from transduce.model import step as step_module
 from transduce.model.quantize import quantize_int8
-from transduce.special import BOS_ID, PAD_ID
+from transduce.text.special import BOS_ID, PAD_ID
 
 V = 40
 

@@ -12,18 +12,18 @@ import torch
 
 from decodekit import copy_sentences, one_thread
 from trainkit import toy_config
-from transduce.checkpoint import load_model
 from transduce.cli import main
 from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig
 from transduce.data import ParallelDataset, prepare
 from transduce.errors import DataError
-from transduce.langs import LanguageError, TargetLanguages, check_code, new_token
 from transduce.model import Transformer
 from transduce.search.common import constrain
-from transduce.tokenizer import Tokenizer
-from transduce.train import train
-from transduce.translate import Translator
-from transduce.vocab import load_vocabulary
+from transduce.search.translator import Translator
+from transduce.text.langs import LanguageError, TargetLanguages, check_code, new_token
+from transduce.text.tokenizer import Tokenizer
+from transduce.text.vocab import load_vocabulary
+from transduce.training.checkpoint import load_model
+from transduce.training.train import train
 
 WORDS = ["red", "blue", "green", "cat", "dog", "bird", "runs", "sits"]
 
@@ -166,7 +166,7 @@ def test_a_prefix_reads_each_target_language_and_gives_each_source_its_token(tmp
     for i, (lang, tgt) in enumerate([(de, s) for s in src] + [(fr, reverse(s)) for s in src]):
         ids, tgt_ids = (a.tolist() for a in data[i])
         assert ids == [lang, *tok.encode_src(src[i % 50])] and tok.decode_tgt(tgt_ids) == tgt
-    from transduce.validate import read_references
+    from transduce.training.validate import read_references
 
     refs, kind = read_references(ParallelDataset(tmp_path / "prep", "valid"), tok)
     valid = (corpus / "valid.en").read_text().splitlines()
@@ -294,7 +294,7 @@ def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(toy_r
 def test_the_server_takes_tgt_lang_per_request(toy_run: Path):
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")
-    from transduce.serve import ServerThread, create_app
+    from transduce.serving.server import ServerThread, create_app
 
     src = (toy_run.parent / "corpus" / "train.en").read_text().splitlines()[:3]
     app = create_app(Translator.load(toy_run), batch_wait_ms=1.0)
@@ -539,7 +539,7 @@ def test_the_multi30k_config_names_files_that_exist(monkeypatch):
 @pytest.mark.slow
 def test_report_refuses_to_score_a_multilingual_run_against_one_language(toy_run: Path):
     from transduce.errors import TransduceError
-    from transduce.report import evaluate_run
+    from transduce.training.report import evaluate_run
 
     with pytest.raises(TransduceError, match=r"a model of several target languages \(de, fr\): score each with "):
         evaluate_run(toy_run)

@@ -6,7 +6,7 @@ import re
 
 from trainkit import toy_config, write_corpus
 from transduce.data import ParallelDataset, TokenBatchSampler, padding_stats, prepare
-from transduce.train import train
+from transduce.training.train import train
 
 
 def test_training_logs_the_batches_per_epoch_and_the_padding_share(tmp_path):

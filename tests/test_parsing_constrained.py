@@ -18,7 +18,7 @@ from transduce.parsing.constrained import InOrderConstraint, TreeConstraint, Tre
 from transduce.parsing.linearize import delinearise, linearise
 from transduce.parsing.trees import parse_trees, read_treebank
 from transduce.search import beam_search, greedy_search, sample
-from transduce.special import EOS_ID, PAD_ID
+from transduce.text.special import EOS_ID, PAD_ID
 
 PIECES = ["<pad>", "<s>", "</s>", "<unk>", "▁XX", "▁(S", "▁)S", "▁(NP", "▁)NP", "▁(VP", "▁)VP", "▁(PP", "▁)PP"]
 BARE = ["<pad>", "<s>", "</s>", "<unk>", "▁XX", "▁(S", "▁(NP", "▁(VP", "▁)"]

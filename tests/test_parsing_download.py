@@ -8,7 +8,7 @@ import pytest
 
 from httpkit import serve_directory
 from transduce.cli import main
-from transduce.download import DownloadError, download
+from transduce.data.download import DownloadError, download
 from transduce.parsing.trees import read_treebank
 
 FILES = {

@@ -64,7 +64,7 @@ def toy_parse_config(train: Path, test: Path, run_dir: Path, *more: str) -> Conf
 
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from transduce.train import train
+    from transduce.training.train import train
 
     directory = tmp_path_factory.mktemp("toy_parse")
     train_mrg, test_mrg = write_toy_treebank(directory / "treebank")
@@ -76,7 +76,7 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def toy_run_in_order(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from transduce.train import train
+    from transduce.training.train import train
 
     directory = tmp_path_factory.mktemp("toy_parse_in_order")
     train_mrg, test_mrg = write_toy_treebank(directory / "treebank")
@@ -87,7 +87,7 @@ def toy_run_in_order(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
 
 def test_an_ensemble_refuses_members_of_different_tree_orders(toy_run, toy_run_in_order):
-    from transduce.translate import Translator
+    from transduce.search.translator import Translator
 
     with pytest.raises(ConfigError, match=r"^ensemble: .*run writes its trees in-order, .*run top-down: the members "
                        r"of an ensemble must share one linearisation \(data.tree_order\)$"):  # fmt: skip
@@ -170,10 +170,10 @@ def bracket_translation_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     its training text had parentheses."""
     import torch
 
-    from transduce.checkpoint import save_model
     from transduce.config import DecodeConfig, ModelConfig
     from transduce.model import Transformer
-    from transduce.tokenizer import Tokenizer
+    from transduce.text.tokenizer import Tokenizer
+    from transduce.training.checkpoint import save_model
 
     directory = tmp_path_factory.mktemp("bracket_translation")
     rng = random.Random(0)
@@ -190,7 +190,7 @@ def bracket_translation_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_attention_draws_a_translation_models_own_translation_whatever_its_pieces(
     bracket_translation_model, tmp_path, capsys
 ):
-    from transduce.translate import Translator
+    from transduce.search.translator import Translator
 
     png = tmp_path / "a.png"
     argv = ["attention", "--model", str(bracket_translation_model), "--src", "a man (see below).", "-o", str(png)]
@@ -215,7 +215,7 @@ def test_parse_refuses_a_translation_model_in_one_line(bracket_translation_model
 
 
 def test_the_task_of_a_parsing_run_travels_with_the_translator(toy_run, bracket_translation_model):
-    from transduce.translate import Translator
+    from transduce.search.translator import Translator
 
     assert Translator.load(toy_run[0]).task == "parse"
     with pytest.raises(ConfigError, match=r"^ensemble: .* was trained with data.task: translate, .* with "
@@ -285,7 +285,7 @@ class _NbestTranslator:
     def __init__(self, texts: list[str]) -> None:
         from types import SimpleNamespace
 
-        from transduce.translate import Translation
+        from transduce.search.translator import Translation
 
         self.hyps = [Translation(t, -float(i), -float(i)) for i, t in enumerate(texts)]
         self.decode = PAPER_DECODE

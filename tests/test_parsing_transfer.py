@@ -13,23 +13,23 @@ import torch
 
 from test_parsing_model import write_toy_treebank
 from trainkit import toy_config, write_corpus
-from transduce import checkpoint as ckpt
 from transduce.cli import main
 from transduce.config import Config, ConfigError, DataConfig, TrainConfig
 from transduce.data import ParallelDataset
-from transduce.encoder_transfer import lr_scales, pretrained_parameters
 from transduce.errors import DataError
-from transduce.finetune import FinetuneError, _pretrained, check_prepared
 from transduce.model import Transformer
 from transduce.model.encoder import ENCODER_PREFIXES
-from transduce.optim import build_optimizer, set_learning_rate
 from transduce.parsing import transfer
 from transduce.parsing.prepare import train_vocabulary
 from transduce.parsing.trees import parse_trees
 from transduce.search.common import pad_sequences
-from transduce.tokenizer import Tokenizer
-from transduce.train import train
-from transduce.vocab import load_vocabulary
+from transduce.text.tokenizer import Tokenizer
+from transduce.text.vocab import load_vocabulary
+from transduce.training import checkpoint as ckpt
+from transduce.training.finetune import FinetuneError, _pretrained, check_prepared
+from transduce.training.optim import build_optimizer, set_learning_rate
+from transduce.training.train import train
+from transduce.transfer.encoder import lr_scales, pretrained_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 

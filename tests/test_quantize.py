@@ -12,7 +12,7 @@ from decodekit import copy_sentences, one_thread
 from transduce import ModelConfig, Transformer, fastpaths
 from transduce.cli import main
 from transduce.model.quantize import quantize_int8
-from transduce.translate import Translator
+from transduce.search.translator import Translator
 
 DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
 

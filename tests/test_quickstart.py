@@ -6,7 +6,7 @@ import json
 import pytest
 
 from transduce.cli import main
-from transduce.quickstart_data import (
+from transduce.data.quickstart import (
     make_pairs,
     number_words,
     ordinal_suffix,
@@ -15,7 +15,7 @@ from transduce.quickstart_data import (
     write_corpus,
     year_words,
 )
-from transduce.report import evaluate_run, write_report
+from transduce.training.report import evaluate_run, write_report
 
 
 def test_number_and_date_words():

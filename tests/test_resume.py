@@ -3,9 +3,9 @@
 import pytest
 
 from test_train import _cfg
-from transduce import checkpoint as ckpt
 from transduce.cli import main
-from transduce.train import TrainingError, train
+from transduce.training import checkpoint as ckpt
+from transduce.training.train import TrainingError, train
 
 
 def _files(run):

@@ -16,7 +16,7 @@ from transduce.cli import main
 from transduce.config import ConfigError, DecodeConfig, ModelConfig
 from transduce.model import Transformer
 from transduce.search import sample
-from transduce.translate import Translator
+from transduce.search.translator import Translator
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -98,7 +98,7 @@ def test_translate_with_the_same_seed_writes_the_same_file(checkpoint: Path, tmp
 def test_the_server_answers_the_same_seed_with_the_same_samples(checkpoint: Path):
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
     httpx = pytest.importorskip("httpx", reason="httpx is not installed")
-    from transduce.serve import ServerThread, create_app
+    from transduce.serving.server import ServerThread, create_app
 
     translator = Translator.load(checkpoint)
     sentences = ["a man rides the bike.", "ein Hund.", "the dog rides a café."]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transduce.config import ConfigError, TrainConfig
-from transduce.optim import build_optimizer, learning_rate
+from transduce.training.optim import build_optimizer, learning_rate
 
 
 @pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
@@ -116,7 +116,7 @@ def test_decay_by_time_needs_a_cosine_within_a_time_budget():
 def _trainer(**train):
     from transduce.config import Config, ModelConfig
     from transduce.model import Transformer
-    from transduce.trainer import Trainer
+    from transduce.training.trainer import Trainer
 
     torch.manual_seed(0)
     config = Config(model=ModelConfig.preset("test", src_vocab_size=30, tgt_vocab_size=30),
@@ -144,7 +144,7 @@ def test_loaded_optimizer_state_brings_the_moments_and_keeps_this_run_s_hyper_pa
     before = _stepped(**saved)
     after = _trainer(**now)
     caplog.clear()  # (what building the trainers logged)
-    with caplog.at_level("INFO", logger="transduce.trainer"):
+    with caplog.at_level("INFO", logger="transduce.training.trainer"):
         after.load_state_dict(before.state_dict(), source="runs/pretrained/checkpoints/step_00000002")
     cfg, old = after.cfg, before.cfg
     for group in after.optimizer.param_groups:
@@ -182,8 +182,8 @@ def test_an_optimizer_state_of_another_model_is_refused():
 
 def test_adam_s_hyper_parameters_given_when_resuming_take_effect(data, tmp_path):
     from trainkit import toy_config
-    from transduce.checkpoint import load_trainer_state, resolve
-    from transduce.train import train
+    from transduce.training.checkpoint import load_trainer_state, resolve
+    from transduce.training.train import train
 
     corpus, prepared = data
     run = tmp_path / "run"
@@ -215,7 +215,7 @@ def test_the_default_schedule_is_noam_and_inverse_sqrt_when_fine_tuning():
 
 
 def test_settings_the_schedule_ignores_are_named_one_line_each():
-    from transduce.optim import ignored_settings
+    from transduce.training.optim import ignored_settings
 
     assert ignored_settings(TrainConfig()) == []
     assert ignored_settings(TrainConfig(schedule="cosine", peak_lr=1e-3, min_lr=1e-5, max_steps=5000)) == []
@@ -233,7 +233,7 @@ def test_settings_the_schedule_ignores_are_named_one_line_each():
 
 
 def test_a_warmup_longer_than_the_run_is_named_with_the_rate_it_ends_at():
-    from transduce.optim import warmup_beyond_run
+    from transduce.training.optim import warmup_beyond_run
 
     assert warmup_beyond_run(TrainConfig(max_steps=4000), 512) is None
     assert warmup_beyond_run(TrainConfig(schedule="constant", max_steps=30), 512) is None
@@ -271,8 +271,8 @@ def test_fine_tuning_peaks_at_peak_lr_and_a_short_run_warns_of_its_warmup(data, 
     """A fine-tuning config in the form an HF or fairseq user writes it (peak_lr, warmup_steps, no schedule)."""
     from trainkit import toy_config
     from transduce.config import Config
-    from transduce.runlog import read_metrics
-    from transduce.train import train
+    from transduce.training.runlog import read_metrics
+    from transduce.training.train import train
 
     corpus, prepared = data
     base = tmp_path / "base"

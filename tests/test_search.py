@@ -29,7 +29,7 @@ from transduce.search import (
     sample,
 )
 from transduce.search.common import next_token_log_probs
-from transduce.special import BOS_ID, EOS_ID, PAD_ID
+from transduce.text.special import BOS_ID, EOS_ID, PAD_ID
 
 
 @pytest.fixture(autouse=True)

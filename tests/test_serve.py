@@ -1,8 +1,8 @@
-"""The HTTP server (``transduce.serve``), over real HTTP on 127.0.0.1: answers equal ``Translator.translate``, the
-limits (413) and validation errors (422) are JSON naming what is wrong, a failing translation is a 500 for that request
-only, the server keeps serving after every bad request, concurrent requests are merged into fewer batches, and a bounded
-load test (2,000 requests from 32 clients) sees no error. Also the ``transduce serve`` command (parser, and a real
-process stopped with Ctrl-C)."""
+"""The HTTP server (``transduce.serving.server``), over real HTTP on 127.0.0.1: answers equal ``Translator.translate``,
+the limits (413) and validation errors (422) are JSON naming what is wrong, a failing translation is a 500 for that
+request only, the server keeps serving after every bad request, concurrent requests are merged into fewer batches, and a
+bounded load test (2,000 requests from 32 clients) sees no error. Also the ``transduce serve`` command (parser, and a
+real process stopped with Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 httpx = pytest.importorskip("httpx", reason="httpx is not installed")
 
 from decodekit import copy_sentences, make_checkpoint, one_thread  # noqa: E402
-from transduce.serve import ServerThread, create_app  # noqa: E402
-from transduce.translate import Translator  # noqa: E402
+from transduce.search.translator import Translator  # noqa: E402
+from transduce.serving.server import ServerThread, create_app  # noqa: E402
 
 LIMITS = {"max_sentences": 32, "max_chars": 200, "max_body_bytes": 16_384, "max_beam": 8}
 
@@ -464,11 +464,11 @@ def test_cli_parser_accepts_serve_options():
 
 
 def test_serve_command_hands_the_attention_limits_to_the_server(copy_checkpoint, monkeypatch):
-    import transduce.serve
+    import transduce.serving.server
     from transduce.cli import main
 
     given = {}
-    monkeypatch.setattr(transduce.serve, "serve", lambda *args, **options: given.update(options))
+    monkeypatch.setattr(transduce.serving.server, "serve", lambda *args, **options: given.update(options))
     argv = ["serve", "--model", str(copy_checkpoint), "--port", "0", "--device", "cpu"]
     assert main([*argv, "--max-attention-tokens", "40", "--max-attention-values", "5000"]) == 0
     assert (given["max_attention_tokens"], given["max_attention_values"]) == (40, 5000)

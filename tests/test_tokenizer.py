@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from transduce.errors import DataError
-from transduce.special import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID
-from transduce.tokenizer import Tokenizer
+from transduce.text.special import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID
+from transduce.text.tokenizer import Tokenizer
 
 MULTI30K = Path(__file__).parents[2] / "shared" / "data" / "multi30k"
 WORDS = [

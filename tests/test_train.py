@@ -13,16 +13,16 @@ import textwrap
 import pytest
 import torch
 
-import transduce.train as train_module
+import transduce.training.train as train_module
 from trainkit import toy_config
-from transduce import checkpoint as ckpt
 from transduce.config import Config, ModelConfig, TrainConfig
 from transduce.data import collate
 from transduce.model import Transformer
-from transduce.runlog import read_metrics
-from transduce.train import TrainingError, train
-from transduce.trainer import Trainer
-from transduce.validate import ValidResult
+from transduce.training import checkpoint as ckpt
+from transduce.training.runlog import read_metrics
+from transduce.training.train import TrainingError, train
+from transduce.training.trainer import Trainer
+from transduce.training.validate import ValidResult
 
 
 def _cfg(data, run_dir, **train):
@@ -100,7 +100,7 @@ def test_accumulating_k_batches_equals_one_big_batch():
 
 
 def test_nonfinite_losses_are_skipped_then_stop_training(data, tmp_path, monkeypatch):
-    import transduce.trainer as trainer_module
+    import transduce.training.trainer as trainer_module
 
     real = trainer_module.smoothed_nll_sums
     calls = {"n": 0, "bad": set()}
@@ -182,7 +182,8 @@ def test_patience_stops_after_validations_without_improvement(data, tmp_path, mo
 
 
 class _Clock:
-    """``time`` as ``transduce.train`` sees it, with a ``monotonic`` that advances only when the test says so."""
+    """``time`` as ``transduce.training.train`` sees it, with a ``monotonic`` that advances only when the test says
+    so."""
 
     def __init__(self):
         self.now = 1000.0
@@ -258,9 +259,9 @@ def test_a_run_that_the_time_limit_ends_logs_its_steps_against_that_limit(data, 
 _DRIVER = textwrap.dedent(
     """
     import os, sys
-    import transduce.trainer as T
+    import transduce.training.trainer as T
     from transduce.config import Config
-    from transduce.train import train
+    from transduce.training.train import train
 
     config, at, signum = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     real = T.Trainer.train_step

@@ -14,7 +14,7 @@ from decodekit import ALPHABET, CharTokenizer, make_checkpoint, one_thread, reve
 from transduce.config import ConfigError, DecodeConfig, ModelConfig
 from transduce.errors import DataError
 from transduce.model import Transformer
-from transduce.translate import Translation, Translator, read_source_lines
+from transduce.search.translator import Translation, Translator, read_source_lines
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,7 @@ def test_empty_blank_emoji_and_accented_lines_keep_count_and_order(translator):
 @pytest.mark.slow
 def test_long_line_is_split_joined_and_warned(caplog):
     translator = Translator(reversal_model(), CharTokenizer(), max_input_tokens=8)
-    with caplog.at_level(logging.WARNING, logger="transduce.translate"):
+    with caplog.at_level(logging.WARNING, logger="transduce.search.translator"):
         out = translator.translate(["abc", "abcdefgh" * 3 + "ab", "hg"])
     assert out == ["cba", "hgfedcba hgfedcba hgfedcba ba", "gh"]
     assert "line 2: 26 source tokens exceed max_input_tokens=8; translated in 4 pieces" in caplog.text

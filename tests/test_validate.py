@@ -10,10 +10,10 @@ import torch
 import transduce.search as search
 from trainkit import toy_config, write_corpus
 from transduce.data import ParallelDataset, prepare
-from transduce.distributed import Dist
 from transduce.search import Hypothesis
-from transduce.tokenizer import Tokenizer
-from transduce.validate import read_references, validation_translations
+from transduce.text.tokenizer import Tokenizer
+from transduce.training.distributed import Dist
+from transduce.training.validate import read_references, validation_translations
 
 
 @pytest.fixture(scope="module")

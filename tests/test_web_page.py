@@ -18,8 +18,8 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 from decodekit import one_thread  # noqa: E402
-from transduce.serve import ServerThread, create_app  # noqa: E402
-from transduce.translate import Translator  # noqa: E402
+from transduce.search.translator import Translator  # noqa: E402
+from transduce.serving.server import ServerThread, create_app  # noqa: E402
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 pytestmark = pytest.mark.skipif(

@@ -15,7 +15,10 @@ The main names are here, imported on first use (``import transduce`` alone does 
     manifest = prepare(Config.load("configs/toy.yaml").data, "prepared/toy")
     score(hypotheses, references).bleu
 
-Training is :func:`transduce.train.train` (the submodule ``transduce.train`` owns that name).
+    from transduce import Config, train
+    train(Config.load("configs/toy.yaml")).run_dir          # checkpoints, logs and the report are there
+
+The package's plan (what each folder holds, how ``train`` and ``translate`` flow through them): ``docs/design.md``.
 """
 
 from __future__ import annotations
@@ -43,21 +46,22 @@ _EXPORTS: dict[str, str] = {
     "DecoderCache": "transduce.model",
     "Memory": "transduce.model",
     "Transformer": "transduce.model",
-    "Ensemble": "transduce.ensemble",
-    "load_model": "transduce.checkpoint",
-    "MaskedLM": "transduce.mlm",
-    "load_masked_lm": "transduce.mlm",
-    "save_model": "transduce.checkpoint",
-    # the steps of the pipeline (training: transduce.train.train, as the name is the submodule's)
+    "Ensemble": "transduce.search.ensemble",
+    "load_model": "transduce.training.checkpoint",
+    "MaskedLM": "transduce.transfer.mlm",
+    "load_masked_lm": "transduce.transfer.mlm",
+    "save_model": "transduce.training.checkpoint",
+    # the steps of the pipeline (training: transduce.training.train.train, as the name is the submodule's)
     "prepare": "transduce.data",
-    "Tokenizer": "transduce.tokenizer",
-    "Translator": "transduce.translate",
-    "Translation": "transduce.translate",
-    "Classifier": "transduce.classify",
-    "Classification": "transduce.classify",
-    "load_classifier": "transduce.classify",
-    "score": "transduce.evaluate",
-    "Scores": "transduce.evaluate",
+    "train": "transduce.training.train",
+    "Tokenizer": "transduce.text.tokenizer",
+    "Translator": "transduce.search.translator",
+    "Translation": "transduce.search.translator",
+    "Classifier": "transduce.transfer.classify",
+    "Classification": "transduce.transfer.classify",
+    "load_classifier": "transduce.transfer.classify",
+    "score": "transduce.search.evaluate",
+    "Scores": "transduce.search.evaluate",
 }
 
 __all__ = [  # the names of _EXPORTS (a test checks)
@@ -89,6 +93,7 @@ __all__ = [  # the names of _EXPORTS (a test checks)
     "prepare",
     "save_model",
     "score",
+    "train",
 ]
 
 
@@ -106,13 +111,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on demand
-    from transduce.checkpoint import load_model, save_model
-    from transduce.classify import Classification, Classifier, load_classifier
     from transduce.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
     from transduce.data import prepare
     from transduce.errors import CheckpointError, DataError, TransduceError
-    from transduce.evaluate import Scores, score
-    from transduce.mlm import MaskedLM, load_masked_lm
     from transduce.model import AttentionWeights, DecoderCache, Memory, Transformer
-    from transduce.tokenizer import Tokenizer
-    from transduce.translate import Translation, Translator
+    from transduce.search.evaluate import Scores, score
+    from transduce.search.translator import Translation, Translator
+    from transduce.text.tokenizer import Tokenizer
+    from transduce.training.checkpoint import load_model, save_model
+    from transduce.training.train import train
+    from transduce.transfer.classify import Classification, Classifier, load_classifier
+    from transduce.transfer.mlm import MaskedLM, load_masked_lm

@@ -138,7 +138,7 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"transduce {args.command}: interrupted", file=sys.stderr)
         code = 130
-    from transduce.distributed import launched_world_size, leave
+    from transduce.training.distributed import launched_world_size, leave
 
     if launched_world_size() > 1:  # a torchrun worker, its process group destroyed: see leave()
         leave(code)

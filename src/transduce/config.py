@@ -22,11 +22,11 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from transduce.casing import INPUT_CASES
 from transduce.device import PRECISIONS, check_device_name
 from transduce.errors import TransduceError
-from transduce.langs import LanguageError, canonical, check_code
-from transduce.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transduce.text.casing import INPUT_CASES
+from transduce.text.langs import LanguageError, canonical, check_code
+from transduce.text.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 class ConfigError(TransduceError, ValueError):
@@ -203,11 +203,11 @@ class ModelConfig(_Section):
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
-    # target ids the search never generates: a multilingual model's target-language tokens (transduce.langs), set
+    # target ids the search never generates: a multilingual model's target-language tokens (transduce.text.langs), set
     # from the vocabulary by train and import-hf
     suppress_ids: list[int] = field(default_factory=list)
-    # the fields below shape a classifier (data.task: classify; transduce.classify); a translation model has none
-    # classify: the sentence vector is a prepended <cls> position's state (cls), or the mean (mean) or the
+    # the fields below shape a classifier (data.task: classify; transduce.transfer.classify); a translation model has
+    # none classify: the sentence vector is a prepended <cls> position's state (cls), or the mean (mean) or the
     # element-wise maximum (max) of the states of the real positions
     pooling: str = "cls"
     # classify with train.init_from: finetune trains the pretrained encoder with the head; cove keeps it fixed and
@@ -316,7 +316,7 @@ class DataConfig(_Section):
     src_field: str = "src"  # JSON Lines: the field of the source sentence (a.b reaches into nested objects)
     tgt_field: str = "tgt"  # JSON Lines: the field of the target sentence
     # several target languages (one model, a target-language token such as >>fra<< before every source; ISO 639-1 or
-    # 639-3 codes, transduce.langs): a prefix reads PREFIX.{src_lang} against PREFIX.{each}; two files take the
+    # 639-3 codes, transduce.text.langs): a prefix reads PREFIX.{src_lang} against PREFIX.{each}; two files take the
     # language of the target file's suffix (train.fr); a TSV line names it in a third column
     # (source<TAB>target<TAB>fr) and a JSON Lines line in lang_field. []: one target language, tgt_lang, no token
     tgt_langs: list[str] = field(default_factory=list)
@@ -330,7 +330,7 @@ class DataConfig(_Section):
     lowercase: bool = False  # lowercase both sides before everything else (the Multi30k literature's convention)
     # add this share of the training pairs again with the source lowercased (the target as it is), so that a cased
     # model translates input without case information; with decode.input_case=normalize it handles ALL-CAPS and
-    # Title-Case input (transduce.casing)
+    # Title-Case input (transduce.text.casing)
     case_augment: float = 0.0
     # BPE-dropout (Provilkov et al., 2020): every epoch the training pairs are segmented anew, each BPE merge skipped
     # at every merge step with this probability (the paper's algorithm, reproducible from train.seed); 0: the
@@ -343,8 +343,8 @@ class DataConfig(_Section):
     workers: int = 0  # encoding processes; 0: all cores
     # translate: the corpora are parallel text; parse: they are treebanks (.mrg file, directory or archive, with an
     # optional :FIRST-LAST range of file names) turned into (words, linearised tree) pairs (transduce.parsing);
-    # classify: labelled texts (transduce.classify); mlm: raw text for masked-language-model pretraining of the
-    # encoder, a NAME.txt[.gz] file or a prefix's src_lang side (transduce.mlm)
+    # classify: labelled texts (transduce.transfer.classify); mlm: raw text for masked-language-model pretraining of the
+    # encoder, a NAME.txt[.gz] file or a prefix's src_lang side (transduce.transfer.mlm)
     task: str = "translate"
     tree_leaves: str = "xx"  # parse: each word is XX in the linearised tree (xx) or itself (word)
     tree_closing: str = "labelled"  # parse: closing brackets carry their label, )NP (labelled), or not, ) (bare)
@@ -358,7 +358,7 @@ class DataConfig(_Section):
     mix: str = ""  # path prefix of a second (general-domain) raw pair mixed into every training batch
     mix_share: float = 0.0  # share of every training batch's sentences drawn from data.mix (e.g. 0.2)
     # classify: the corpora are .tsv files (label<TAB>text, or label<TAB>text<TAB>text2 with text2_field) or .jsonl
-    # files with these fields (transduce.classify)
+    # files with these fields (transduce.transfer.classify)
     text_field: str = "text"  # classify, JSON Lines: the field of the text (a.b reaches into nested objects)
     text2_field: str = ""  # classify: the field of a second text (sentence pairs: text <sep> text2); "": none
     label_field: str = "label"  # classify, JSON Lines: the field of the label
@@ -591,7 +591,7 @@ class DecodeConfig(_Section):
     max_tokens: int = 4096  # token budget of one translation batch (sentences are sorted by length)
     # keep: translate every line as it is; normalize: lowercase ALL-CAPS and Title-Case lines before translating
     # and give the translation that style back; truecase: the same, with the lowercased line recased to the
-    # training sources' usual forms (the table transduce prepare writes; transduce.casing)
+    # training sources' usual forms (the table transduce prepare writes; transduce.text.casing)
     input_case: str = "keep"
     # a multilingual model (data.tgt_langs): the target language when a request names none (translate --tgt-lang,
     # Translator.translate(tgt_lang=...), the server's "tgt_lang"); "": a request must name one

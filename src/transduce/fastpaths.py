@@ -40,8 +40,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
 - ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches, for at most
   ``pause_gc_limit_s`` while searches keep overlapping. Fallback: the collector runs as usual.
 - ``block_cache``: training on the CPU takes tensors of 256 KiB and more from transduce's block cache
-  (``model/csrc/allocator.cpp``, part of the kernels; :mod:`transduce.memory`), which reuses blocks of about the
-  right size within a bound. Fallback: the C library's allocator, whose heap fragments under batches of changing
+  (``model/csrc/allocator.cpp``, part of the kernels; :mod:`transduce.training.memory`), which reuses blocks of about
+  the right size within a bound. Fallback: the C library's allocator, whose heap fragments under batches of changing
   shapes (a Multi30k training process held 4.4 GB after 300 updates instead of 1.3).
 
 The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
@@ -202,7 +202,8 @@ class FastPaths:
     pause_gc: bool = True
     # ... for at most this long while searches keep overlapping (a full collection then)
     pause_gc_limit_s: float = 10.0
-    # training on the CPU: large tensors from transduce's block cache (model/csrc/allocator.cpp; transduce.memory)
+    # training on the CPU: large tensors from transduce's block cache (model/csrc/allocator.cpp;
+    # transduce.training.memory)
     block_cache: bool = True
 
     def __setattr__(self, name: str, value: Any) -> None:

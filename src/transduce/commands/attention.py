@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.plot import plot_attention_maps
+    from transduce.search.plot import plot_attention_maps
 
     if len(args.model) > 1:
         raise TransduceError(f"attention draws one model's weights: give one --model, not {len(args.model)}")

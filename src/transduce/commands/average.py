@@ -8,7 +8,7 @@ Examples:
 ``--last N`` needs N checkpoints: with fewer the command says how many there are and writes nothing.
 
 The output is a standalone checkpoint directory (model.safetensors, manifest.json and a copy of the vocabulary):
-``transduce translate --model OUTPUT`` and ``transduce.checkpoint.load_model(OUTPUT)`` read it.
+``transduce translate --model OUTPUT`` and ``transduce.training.checkpoint.load_model(OUTPUT)`` read it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce import checkpoint as ckpt
+    from transduce.training import checkpoint as ckpt
 
     if args.model and args.paths:
         raise CheckpointError(f"unexpected arguments {' '.join(args.paths)}: list every path after --model")

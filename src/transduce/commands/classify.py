@@ -27,9 +27,9 @@ from transduce.errors import TransduceError
 from transduce.files import STDIO, Files, open_output
 
 if TYPE_CHECKING:
-    from transduce.classify import Classification, Classifier
-    from transduce.classify.inputs import Fields
     from transduce.config import Config
+    from transduce.transfer.classify import Classification, Classifier
+    from transduce.transfer.classify.inputs import Fields
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ CHUNK = 4096  # texts read, classified and written at a time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from transduce.classify.inputs import FORMATS
     from transduce.device import DEVICE_FORMS
+    from transduce.transfer.classify.inputs import FORMATS
 
     parser.add_argument("--model", required=True, metavar="PATH", help="a classifier's run directory or checkpoint")
     parser.add_argument(
@@ -73,8 +73,8 @@ def add_input_form_arguments(parser: argparse.ArgumentParser, formats: tuple[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.classify.inputs import input_format, read_texts
     from transduce.commands.translate import check_input
+    from transduce.transfer.classify.inputs import input_format, read_texts
 
     check_input(args.input, what="classify", hint="")  # missing, a directory, empty, not UTF-8
     check_file_output(args.output, "-o/--output")
@@ -107,9 +107,9 @@ def classifier_config(path: str) -> Config:
     Raises:
         CheckpointError: no checkpoint there, or a model that is not a classifier (naming the verb that takes it).
     """
-    from transduce import checkpoint as ckpt
-    from transduce.classify.classifier import not_a_classifier
     from transduce.errors import CheckpointError
+    from transduce.training import checkpoint as ckpt
+    from transduce.transfer.classify.classifier import not_a_classifier
 
     config = ckpt.read_info(ckpt.resolve(path)).config
     if config.data.task != "classify":
@@ -118,14 +118,14 @@ def classifier_config(path: str) -> Config:
 
 
 def input_fields(args: argparse.Namespace, config: Config, path: str, form: str) -> Fields:
-    """The :class:`~transduce.classify.inputs.Fields` of the input ``path`` (read as ``form``): the run's, with
+    """The :class:`~transduce.transfer.classify.inputs.Fields` of the input ``path`` (read as ``form``): the run's, with
     --text-field / --text2-field (and --label-field, for evaluate).
 
     Raises:
         TransduceError: a field option for an input that is not JSON Lines, or --text2-field for a classifier of
             single texts.
     """
-    from transduce.classify.inputs import Fields
+    from transduce.transfer.classify.inputs import Fields
 
     given = [(o, getattr(args, o.replace("-", "_"), None)) for o in ("text-field", "text2-field", "label-field")]
     given = [(option, value) for option, value in given if value is not None]
@@ -143,10 +143,10 @@ def input_fields(args: argparse.Namespace, config: Config, path: str, form: str)
 
 
 def load(args: argparse.Namespace) -> Classifier:
-    """The :class:`~transduce.classify.Classifier` of --model on --device, with --batch-size and --threads."""
+    """The :class:`~transduce.transfer.classify.Classifier` of --model on --device, with --batch-size and --threads."""
     import torch
 
-    from transduce.classify import Classifier
+    from transduce.transfer.classify import Classifier
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from transduce.commands.options import check_directory_output
-from transduce.download import DATASETS, MULTI30K_URL, NLTK_DATA_URL, download
+from transduce.data.download import DATASETS, MULTI30K_URL, NLTK_DATA_URL, download
 from transduce.files import Files
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)

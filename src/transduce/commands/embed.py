@@ -20,7 +20,6 @@ import logging
 import sys
 from pathlib import Path
 
-from transduce.casing import INPUT_CASES
 from transduce.commands.options import (
     add_output_argument,
     add_source_input_arguments,
@@ -36,6 +35,7 @@ from transduce.commands.translate import (
 )
 from transduce.errors import TransduceError
 from transduce.files import STDIO, Files, check_outputs
+from transduce.text.casing import INPUT_CASES
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ INVALID_HINT = "use --replace-invalid to embed it with U+FFFD in place"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from transduce.embed import FORMATS
+    from transduce.transfer.embed import FORMATS
 
     # fp32 by default: the vectors are the product, the same as the API's (Translator.embed) bit for bit
     add_loading_arguments(parser, "run directory, checkpoint or Hugging Face Marian directory (one model)", "fp32")
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from transduce.data.corpus import read_side
-    from transduce.embed import Embeddings, embed_lines, embedding_dim, write_embeddings
+    from transduce.transfer.embed import Embeddings, embed_lines, embedding_dim, write_embeddings
 
     if len(args.model) > 1:
         raise TransduceError(f"embed reads one model's encoder: give one --model, not {len(args.model)}")
@@ -116,7 +116,7 @@ def output_format(args: argparse.Namespace) -> str:
     Raises:
         TransduceError: one line naming the option.
     """
-    from transduce.embed import SUFFIXES, output_files
+    from transduce.transfer.embed import SUFFIXES, output_files
 
     path = args.output
     if path == STDIO:

@@ -98,8 +98,8 @@ def _references(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.classify import is_classifier
-    from transduce.evaluate import LengthMismatchError, score, score_tokenized_lowercase, tokenized_evidence
+    from transduce.search.evaluate import LengthMismatchError, score, score_tokenized_lowercase, tokenized_evidence
+    from transduce.transfer.classify import is_classifier
 
     if args.model and is_classifier(args.model[0]):
         return run_classifier(args)
@@ -163,11 +163,11 @@ TRANSLATION_OPTIONS = {"--hyp": "hyp", "--ref": "ref", "--lc-tok": "lc_tok", "--
 
 def run_classifier(args: argparse.Namespace) -> int:
     """Classify the labelled examples of --src and score the labels (see the module docstring)."""
-    from transduce.classify import Classifier
-    from transduce.classify.inputs import input_format, read_labelled
-    from transduce.classify.metrics import classification_scores
     from transduce.commands.classify import classifier_config, input_fields
     from transduce.commands.translate import _DECODE_OPTIONS, check_input
+    from transduce.transfer.classify import Classifier
+    from transduce.transfer.classify.inputs import input_format, read_labelled
+    from transduce.transfer.classify.metrics import classification_scores
 
     model = args.model[0]
     if len(args.model) > 1:

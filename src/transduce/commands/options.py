@@ -65,9 +65,10 @@ def probability(text: str) -> float:
 
 
 def language_code(text: str) -> str:
-    """An argparse type: a language code (``fr``, ``fra``, ``zho_Hans``; :func:`transduce.langs.check_code`), so that
-    a malformed one is refused before the model is loaded: ``--tgt-lang must be a language code ... (got 'French')``."""
-    from transduce.langs import LanguageError, check_code
+    """An argparse type: a language code (``fr``, ``fra``, ``zho_Hans``; :func:`transduce.text.langs.check_code`), so
+    that a malformed one is refused before the model is loaded: ``--tgt-lang must be a language code ... (got
+    'French')``."""
+    from transduce.text.langs import LanguageError, check_code
 
     try:
         return check_code(text)

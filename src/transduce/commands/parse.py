@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from transduce.errors import TransduceError
     from transduce.parsing.evalb import evalb
     from transduce.parsing.trees import read_treebank
-    from transduce.textio import read_lines
+    from transduce.text.textio import read_lines
 
     if args.baseline == "pcfg" and not args.train:
         raise TransduceError("--baseline pcfg needs --train SPEC (the treebank to read it from)")
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         trees, repaired = _baseline(args, read_treebank(args.train) if args.train else None, sentences), None
     else:
         from transduce.parsing.parser import PAPER_DECODE, Parser
-        from transduce.translate import Translator
+        from transduce.search.translator import Translator
 
         check_parsing_models(args.model)
         parser = Parser(Translator.load(args.model, args.device, max_input_tokens=args.max_input_tokens))
@@ -151,8 +151,8 @@ def check_parsing_models(paths: list[str]) -> None:
     Raises:
         ConfigError: naming the model and its task.
     """
-    from transduce import checkpoint as ckpt
     from transduce.config import ConfigError
+    from transduce.training import checkpoint as ckpt
 
     for path in paths:
         try:

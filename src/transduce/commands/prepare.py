@@ -30,7 +30,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from transduce import finetune
 from transduce.commands.options import (
     add_output_argument,
     non_negative_int,
@@ -41,6 +40,7 @@ from transduce.commands.options import (
 from transduce.config import Config, ConfigError, DataConfig
 from transduce.data import prepare
 from transduce.files import Files
+from transduce.training import finetune
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transduce.commands.options import add_output_argument, check_directory_output, positive_float, positive_int
 from transduce.files import Files
-from transduce.quickstart import run_quickstart
+from transduce.training.quickstart import run_quickstart
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
 FILES = Files(outputs=("output",))

@@ -15,7 +15,7 @@ from transduce.commands.translate import add_device_arguments
 from transduce.config import LENGTH_NORMS
 from transduce.errors import TransduceError
 from transduce.files import Files
-from transduce.report import evaluate_run, write_report
+from transduce.training.report import evaluate_run, write_report
 
 #: the options naming what the verb reads and writes: an output that is an input is refused (transduce.files)
 FILES = Files(inputs=("run_dir", "model"))

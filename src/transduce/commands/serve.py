@@ -66,13 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from transduce import serve
+        from transduce.serving import server as serve
     except ImportError as e:
         raise TransduceError(
             f"serving needs FastAPI and uvicorn ({e.name} is missing): pip install 'transduce[serve]'"
         ) from e
 
-    from transduce.classify import is_classifier
+    from transduce.transfer.classify import is_classifier
 
     check_address(args.host, args.port)  # before the model is loaded: a busy port should not cost the loading
     limits = {"max_sentences": args.max_sentences, "max_chars": args.max_chars, "max_body_bytes": args.max_body_bytes,
@@ -106,8 +106,8 @@ def load_classifier(args: argparse.Namespace):
     """The classifier of --model, refusing the options that only a translation model reads."""
     import torch
 
-    from transduce.classify import Classifier
     from transduce.commands.translate import _DECODE_OPTIONS
+    from transduce.transfer.classify import Classifier
 
     model = args.model[0]
     if len(args.model) > 1:

@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.train import TrainingError, train
+    from transduce.training.train import TrainingError, train
 
     overrides = list(args.overrides)
     if args.config and "=" in args.config:  # argparse puts the first KEY=VALUE into CONFIG when there is no file

@@ -186,7 +186,7 @@ def load_translator(args: argparse.Namespace, *, language_required: bool = True)
     language, passes False)."""
     import torch
 
-    from transduce.translate import Translator
+    from transduce.search.translator import Translator
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -202,13 +202,13 @@ def check_target_language(path: str, tgt_lang: str | None, *, required: bool = T
     ``decode.tgt_lang``. A model that cannot be read is left to the loading, which names the problem.
 
     Raises:
-        transduce.langs.LanguageError: in one line (see :meth:`transduce.langs.TargetLanguages.token_id`).
+        transduce.text.langs.LanguageError: in one line (see :meth:`transduce.text.langs.TargetLanguages.token_id`).
     """
-    from transduce import checkpoint as ckpt
     from transduce.errors import TransduceError
     from transduce.interop.marian import is_marian_dir
-    from transduce.langs import TargetLanguages
-    from transduce.vocab import load_vocabulary
+    from transduce.text.langs import TargetLanguages
+    from transduce.text.vocab import load_vocabulary
+    from transduce.training import checkpoint as ckpt
 
     try:
         if is_marian_dir(path):
@@ -248,7 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transduce.translate import read_source_lines
+    from transduce.search.translator import read_source_lines
 
     check_input(args.input, replace_invalid=args.replace_invalid)
     check_corpus_side(args.input, "source", args.src_field)
@@ -286,7 +286,7 @@ def check_input(path: str, *, replace_invalid: bool = False, what: str = "transl
         DataError: naming the file (and the first line that is not UTF-8, followed by ``hint``).
     """
     from transduce.errors import DataError
-    from transduce.textio import scan_text
+    from transduce.text.textio import scan_text
 
     if path == "-":
         return

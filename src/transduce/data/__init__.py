@@ -6,7 +6,7 @@
 - :func:`collate` -> :class:`Batch`: padded tensors for teacher forcing;
 - :func:`padding_stats`: how much of the batches is padding.
 
-Reading raw text line by line (plain or gzip, strict UTF-8 with line numbers) is in :mod:`transduce.textio`.
+Reading raw text line by line (plain or gzip, strict UTF-8 with line numbers) is in :mod:`transduce.text.textio`.
 
     manifest = prepare(cfg.data, "data/multi30k")
     train = ParallelDataset("data/multi30k", "train")
@@ -21,7 +21,7 @@ from transduce.data.batch import Batch, collate
 from transduce.data.binary import ParallelDataset, read_manifest
 from transduce.data.preparation import prepare
 from transduce.data.sampler import TokenBatchSampler, padding_stats
-from transduce.textio import read_lines, read_parallel
+from transduce.text.textio import read_lines, read_parallel
 
 __all__ = [
     "Batch",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from transduce.special import BOS_ID, EOS_ID, PAD_ID
+from transduce.text.special import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass

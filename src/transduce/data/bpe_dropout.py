@@ -31,8 +31,8 @@ import sentencepiece as spm
 from transduce.data.binary import ParallelDataset
 from transduce.data.sampler import TokenBatchSampler
 from transduce.errors import DataError
-from transduce.spm_proto import model_type
-from transduce.tokenizer import Tokenizer
+from transduce.text.spm_proto import model_type
+from transduce.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ A corpus is named in the config (``data.train``, ``data.valid``, each entry of `
 
 Whatever the form, :meth:`Corpus.pairs` yields ``(line number, source bytes, target bytes)`` and every structural
 fault is a :class:`DataError` naming the file and line: a line without a tab, a line that is not JSON, a missing
-field. Bytes that are not UTF-8 are left in place, for :func:`transduce.textio.decode_line`'s one rule.
+field. Bytes that are not UTF-8 are left in place, for :func:`transduce.text.textio.decode_line`'s one rule.
 
-With several target languages (``data.tgt_langs``, :mod:`transduce.langs`) every line also has a target language
+With several target languages (``data.tgt_langs``, :mod:`transduce.text.langs`) every line also has a target language
 (:meth:`Corpus.entries`): a prefix names one corpus per language (``PREFIX.en`` against ``PREFIX.de``,
 ``PREFIX.fr``, ...), two files take the language of the target file's suffix, a TSV line has it in a third column and
 a JSON Lines line in ``data.lang_field``. :func:`resolve_corpora` gives a split's corpora, read one after the other
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from transduce.errors import DataError
-from transduce.langs import LanguageError, check_code, same_language
-from transduce.textio import iter_raw_lines, iter_raw_pairs, resolve_corpus_file
+from transduce.text.langs import LanguageError, check_code, same_language
+from transduce.text.textio import iter_raw_lines, iter_raw_pairs, resolve_corpus_file
 
 FORMATS = ("files", "tsv", "jsonl")
 SUFFIXES = {".tsv": "tsv", ".jsonl": "jsonl"}  # of single-file corpora, also with .gz after them
@@ -290,10 +290,10 @@ def read_corpus(corpus: Corpus, *, errors: str = "strict") -> tuple[list[str], l
     """Both sides of a corpus as text (for evaluation), every line kept.
 
     Args:
-        errors: for bytes that are not UTF-8 (see :func:`transduce.textio.decode_line`; ``"skip"`` is not
+        errors: for bytes that are not UTF-8 (see :func:`transduce.text.textio.decode_line`; ``"skip"`` is not
             accepted here, as the sides must stay aligned).
     """
-    from transduce.textio import decode_line
+    from transduce.text.textio import decode_line
 
     if errors not in ("strict", "replace"):
         raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
@@ -314,13 +314,13 @@ def read_side(
 
     Args:
         side: ``"source"`` or ``"target"``.
-        errors, hint: for bytes that are not UTF-8 (see :func:`transduce.textio.read_lines`).
+        errors, hint: for bytes that are not UTF-8 (see :func:`transduce.text.textio.read_lines`).
 
     Raises:
         DataError: naming the file and line: a TSV line without exactly one tab, a JSON Lines line that is not an
             object with the field, bytes that are not UTF-8 (strict).
     """
-    from transduce.textio import decode_line, read_lines
+    from transduce.text.textio import decode_line, read_lines
 
     if side not in ("source", "target"):
         raise ValueError(f"side must be 'source' or 'target', got {side!r}")

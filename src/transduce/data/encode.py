@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from transduce.casing import augment_pair, augmented
-from transduce.textio import decode_line
-from transduce.tokenizer import Vocabulary
-from transduce.vocab import load_vocabulary
+from transduce.text.casing import augment_pair, augmented
+from transduce.text.textio import decode_line
+from transduce.text.tokenizer import Vocabulary
+from transduce.text.vocab import load_vocabulary
 
 #: Reasons a pair is dropped, in the order they are tested. Only training pairs are ever dropped, except that
 #: "invalid_utf8" in validation/test sets counts lines whose bad bytes were replaced by U+FFFD (the line is kept).
@@ -37,8 +37,8 @@ class EncodeOptions:
     max_len_ratio: float
     skip_invalid_utf8: bool
     dedup: bool
-    case_augment: float = 0.0  # share of training pairs added again with the source lowercased (transduce.casing)
-    # several target languages: each language's token id, put before the source ids (transduce.langs)
+    case_augment: float = 0.0  # share of training pairs added again with the source lowercased (transduce.text.casing)
+    # several target languages: each language's token id, put before the source ids (transduce.text.langs)
     lang_ids: dict[str, int] = field(default_factory=dict)
 
 

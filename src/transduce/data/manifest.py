@@ -12,7 +12,7 @@ from typing import Any
 from transduce.data.binary import MANIFEST_FILE
 from transduce.data.output import install, read_json, write_json
 from transduce.errors import DataError
-from transduce.textio import sha256_file
+from transduce.text.textio import sha256_file
 
 log = logging.getLogger(__name__)
 

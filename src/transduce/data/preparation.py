@@ -18,8 +18,8 @@ interrupted run leaves no partial output. The prepared directory holds:
 
 - ``manifest.json``: inputs (path, size, SHA-256, lines), options, tokenizer, dtype, per-split counts;
 - ``tokenizer.json`` and ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` (see
-  :mod:`transduce.tokenizer`), and for a cased corpus ``truecase.json``, the source words' usual case
-  (:class:`transduce.casing.Truecaser`);
+  :mod:`transduce.text.tokenizer`), and for a cased corpus ``truecase.json``, the source words' usual case
+  (:class:`transduce.text.casing.Truecaser`);
 - per split (``train``, ``valid``, one per test prefix named after its basename): the files of
   :mod:`transduce.data.binary`.
 """
@@ -43,10 +43,10 @@ import numpy as np
 import sentencepiece
 
 import transduce
-from transduce.casing import Truecaser, augment_pair, augmented
 from transduce.config import DataConfig
 from transduce.data.binary import MIX_SPLIT, SplitWriter, ids_dtype, split_files
 from transduce.data.corpus import Corpus, line_language, resolve_corpora, split_entries, split_name
+from transduce.data.download import missing_corpus_hint
 from transduce.data.encode import (
     DROP_REASONS,
     UTF8_HINT,
@@ -59,13 +59,13 @@ from transduce.data.encode import (
 )
 from transduce.data.manifest import FORMAT, VERSION, earlier_preparation, file_record, install_prepared
 from transduce.data.output import make_temp_dir, read_json
-from transduce.download import missing_corpus_hint
 from transduce.errors import DataError
-from transduce.langs import tokens_for
-from transduce.special import SPECIAL_IDS
-from transduce.textio import line_count_error, scan_text
-from transduce.tokenizer import Tokenizer, Vocabulary
-from transduce.vocab import load_vocabulary
+from transduce.text.casing import Truecaser, augment_pair, augmented
+from transduce.text.langs import tokens_for
+from transduce.text.special import SPECIAL_IDS
+from transduce.text.textio import line_count_error, scan_text
+from transduce.text.tokenizer import Tokenizer, Vocabulary
+from transduce.text.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +96,14 @@ def prepare(
 
     With ``data.task: parse`` the corpora are treebanks, first turned into text pairs
     (:func:`transduce.parsing.prepare.prepare_treebank`); with ``data.task: classify`` they are labelled texts
-    (:func:`transduce.classify.data.prepare_classification`); with ``data.task: mlm`` raw texts for masked-LM
-    pretraining (:func:`transduce.mlm.data.prepare_mlm`, whose vocabulary is learned or ``data.vocabulary``).
+    (:func:`transduce.transfer.classify.data.prepare_classification`); with ``data.task: mlm`` raw texts for masked-LM
+    pretraining (:func:`transduce.transfer.mlm.data.prepare_mlm`, whose vocabulary is learned or ``data.vocabulary``).
 
     Args:
         cfg: the data section of the configuration (``train`` is required).
         out_dir: the prepared directory to create.
         force: rebuild even when ``out_dir`` already holds this preparation, and replace a different one.
-        vocabulary: a vocabulary directory (a pretrained model's, see :func:`transduce.vocab.load_vocabulary`) to
+        vocabulary: a vocabulary directory (a pretrained model's, see :func:`transduce.text.vocab.load_vocabulary`) to
             encode with instead of training one: its ids are kept, the source side is encoded with its source
             model and the target side with its target model. The vocabulary options of ``cfg`` are then unused.
             With ``data.task: parse`` only its source model is taken (the target is always the trees' tokens).
@@ -121,11 +121,11 @@ def prepare(
         return prepare_treebank(cfg, out_dir, force=force,
                                 prepare_text=functools.partial(_prepare_text, vocabulary=vocabulary))  # fmt: skip
     if cfg.task == "classify":
-        from transduce.classify.data import prepare_classification
+        from transduce.transfer.classify.data import prepare_classification
 
         return prepare_classification(cfg, out_dir, force=force, vocabulary=vocabulary)
     if cfg.task == "mlm":
-        from transduce.mlm.data import prepare_mlm
+        from transduce.transfer.mlm.data import prepare_mlm
 
         return prepare_mlm(cfg, out_dir, force=force)
     return _prepare_text(cfg, out_dir, force=force, vocabulary=vocabulary)
@@ -147,7 +147,7 @@ def _prepare_text(
         if cfg.tree_order != "top-down":
             options.update(tree_order=cfg.tree_order)
     if vocabulary is not None:
-        from transduce.checkpoint import vocab_sha256
+        from transduce.training.checkpoint import vocab_sha256
 
         options["vocabulary"] = vocab_sha256(vocabulary)
     inputs = {split: _describe(corpus) for split, corpus in corpora.items()}
@@ -181,7 +181,7 @@ def _prepare_into(
         lines[split] = sum(record["src"]["lines"] for record in records)
     workers = cfg.workers or os.cpu_count() or 1
     if vocabulary is not None and cfg.task != "parse":
-        from transduce.checkpoint import copy_vocab
+        from transduce.training.checkpoint import copy_vocab
 
         copy_vocab(vocabulary, tmp)  # the very files: the run's vocabulary identity is the pretrained one's
         tok = load_vocabulary(tmp)
@@ -237,7 +237,8 @@ def _names(parts: list[Corpus]) -> str:
 
 def _language_tokens(tmp: Path, tok: Vocabulary, cfg: DataConfig, *, given: bool) -> dict[str, int]:
     """With ``data.tgt_langs``: the token id of each language, the tokens the vocabulary in ``tmp`` lacks added to
-    it (a pretrained vocabulary, ``given``, already has them: :func:`transduce.finetune.vocabulary` adds them)."""
+    it (a pretrained vocabulary, ``given``, already has them: :func:`transduce.training.finetune.vocabulary` adds
+    them)."""
     if not cfg.tgt_langs:
         return {}
     tokens = tokens_for(cfg.tgt_langs, tok.lang_tokens())

@@ -1,5 +1,5 @@
 """``transduce prepare`` for the tasks of an encoder alone: texts, labelled (sentence classification,
-:mod:`transduce.classify.data`) or not (masked-LM pretraining, :mod:`transduce.mlm.data`).
+:mod:`transduce.transfer.classify.data`) or not (masked-LM pretraining, :mod:`transduce.transfer.mlm.data`).
 
 What these preparations share is here; what a task's corpora are, how they are read and checked and how a chunk of
 them is encoded is the task's (a :class:`TextTask`). :func:`prepare_texts` then
@@ -38,8 +38,8 @@ from transduce.data.binary import SplitWriter, ids_dtype, split_files
 from transduce.data.manifest import FORMAT, VERSION, earlier_preparation, install_prepared
 from transduce.data.output import make_temp_dir, read_json
 from transduce.errors import DataError
-from transduce.special import SPECIAL_IDS
-from transduce.tokenizer import Tokenizer, Vocabulary
+from transduce.text.special import SPECIAL_IDS
+from transduce.text.tokenizer import Tokenizer, Vocabulary
 
 log = logging.getLogger(__name__)
 

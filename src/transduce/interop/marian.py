@@ -459,7 +459,8 @@ def load_hf(directory: str | Path, device: str | torch.device = "cpu") -> tuple[
             f"{directory}: the vocabulary has {vocab.src_vocab_size}/{vocab.tgt_vocab_size} entries, the model "
             f"{mc.src_vocab_size}/{mc.tgt_vocab_size}"
         )
-    suppress = vocab.lang_token_tgt_ids()  # a multilingual model's >>xxx<< tokens: never generated (transduce.langs)
+    # a multilingual model's >>xxx<< tokens: never generated (transduce.text.langs)
+    suppress = vocab.lang_token_tgt_ids()
     if suppress:
         mc = mc.replace(suppress_ids=suppress)
         log.info("%s: %d target-language tokens (%s, ...)", directory, len(suppress), vocab.tgt_pieces(suppress[:3]))
@@ -477,8 +478,8 @@ def load_any(path: str | Path, device: str | torch.device = "cpu"):
     """``(model, config, tokenizer)`` from a run directory, a checkpoint or a Hugging Face Marian directory."""
     if is_marian_dir(path):
         return load_hf(path, device)
-    from transduce.checkpoint import load_model
-    from transduce.vocab import load_vocabulary
+    from transduce.text.vocab import load_vocabulary
+    from transduce.training.checkpoint import load_model
 
     model, config, vocab_dir = load_model(path, device)
     return model, config, load_vocabulary(vocab_dir)
@@ -487,7 +488,7 @@ def load_any(path: str | Path, device: str | torch.device = "cpu"):
 def import_hf(directory: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Convert a Hugging Face Marian directory into a standalone transduce checkpoint at ``out_dir`` (weights,
     config and the Marian vocabulary); ``transduce translate --model OUT_DIR`` and the server read it."""
-    from transduce.checkpoint import save_model
+    from transduce.training.checkpoint import save_model
 
     model, config, vocab = load_hf(directory)
     out = prepare_output(out_dir, overwrite=overwrite)

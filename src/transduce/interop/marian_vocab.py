@@ -1,4 +1,4 @@
-"""A Hugging Face Marian vocabulary as a :class:`transduce.tokenizer.Vocabulary`.
+"""A Hugging Face Marian vocabulary as a :class:`transduce.text.tokenizer.Vocabulary`.
 
 Marian models segment text with SentencePiece (``source.spm``, ``target.spm``) and map the pieces to the model's ids
 with ``vocab.json`` (one table for both sides) or ``vocab.json`` + ``target_vocab.json`` (separate vocabularies). The
@@ -21,8 +21,8 @@ import sentencepiece
 
 from transduce.errors import InteropError
 from transduce.interop import require
-from transduce.spm_proto import append_pieces
-from transduce.tokenizer import NewPiece, Vocabulary
+from transduce.text.spm_proto import append_pieces
+from transduce.text.tokenizer import NewPiece, Vocabulary
 
 _VOCAB_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 

@@ -5,7 +5,7 @@ projections and the pre-softmax projection) are :class:`BF16Linear` layers: bf16
 rounded to bf16, the sums accumulated in float32 and the output rounded to bf16 and handed on as float32. The rest
 of the model (embeddings, layer norms, attention, the search's log-probabilities) stays float32, so transduce's
 float32 kernels (``model/kernels.py``) keep running there. This is what ``precision="bf16"`` means for a
-:class:`~transduce.translate.Translator` on the CPU, and what ``precision="auto"`` picks on a CPU with AMX
+:class:`~transduce.search.translator.Translator` on the CPU, and what ``precision="auto"`` picks on a CPU with AMX
 (:func:`transduce.fastpaths.decode_precision`).
 
 Why: on a CPU with AMX (Intel Xeon from Sapphire Rapids on), oneDNN multiplies bf16 matrices with the AMX tiles:

@@ -4,8 +4,8 @@
 :class:`transduce.model.Transformer` under the same names (``src_embed``, ``src_positions``, ``encoder_layers``,
 ``encoder_norm``: :data:`ENCODER_PREFIXES`), built and initialised as the Transformer builds them, so that the tensors
 load by name from one model into another and :meth:`TextEncoder.encode` computes exactly what the translation
-model's ``encode`` computes. The sentence classifier (:class:`transduce.classify.model.Classifier`) and the masked
-language model (:class:`transduce.mlm.model.MaskedLM`) are built on it.
+model's ``encode`` computes. The sentence classifier (:class:`transduce.transfer.classify.model.Classifier`) and the
+masked language model (:class:`transduce.transfer.mlm.model.MaskedLM`) are built on it.
 """
 
 from __future__ import annotations

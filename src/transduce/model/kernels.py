@@ -23,7 +23,7 @@ For training steps (float32 and bfloat16):
 
 - ``dropout_apply``: dropout in one pass with a mask hashed from a seed and the element index
   (:func:`transduce.model.layers.dropout`); the backward pass reapplies the seed, so no mask is stored.
-- ``smoothed_nll_forward`` / ``smoothed_nll_backward``: the label-smoothed loss of :mod:`transduce.loss` in one
+- ``smoothed_nll_forward`` / ``smoothed_nll_backward``: the label-smoothed loss of :mod:`transduce.training.loss` in one
   pass over each row of logits forward and one backward, in the logits' own dtype.
 - ``add_layer_norm_forward`` / ``add_layer_norm_backward``: a post-norm residual ``LayerNorm(x + dropout(y))``
   (:class:`transduce.model.layers._AddLayerNorm`) in one pass over the rows each way.
@@ -32,7 +32,7 @@ For training memory (``csrc/allocator.cpp``):
 
 - ``block_cache_install`` / ``block_cache_uninstall`` / ``block_cache_release`` / ``block_cache_stats``: a CPU
   allocator that takes large tensors from blocks mapped once and reused, within a bound, for the duration of a
-  training run (:mod:`transduce.memory`).
+  training run (:mod:`transduce.training.memory`).
 
 :func:`compiled` compiles the C++ files with ``torch.utils.cpp_extension`` the first time a process needs it
 (about 30-40 seconds with two cores; it needs a C++ compiler, ninja and Python's headers) and keeps the result in

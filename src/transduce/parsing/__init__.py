@@ -6,7 +6,7 @@
 - :mod:`~transduce.parsing.parser`: parsing with a trained model (the paper's search: beam 21, alpha 0.3);
 - :mod:`~transduce.parsing.evalb`: labelled bracketing scores as EVALB computes them (COLLINS.prm);
 - :mod:`~transduce.parsing.pcfg`: the baselines, a treebank PCFG with Viterbi CKY and right-branching trees
-  (NLTK's Penn Treebank sample: ``transduce download ptb-sample``, :mod:`transduce.download`);
+  (NLTK's Penn Treebank sample: ``transduce download ptb-sample``, :mod:`transduce.data.download`);
 - :mod:`~transduce.parsing.transfer`: a parser whose encoder starts as a translation model's.
 """
 

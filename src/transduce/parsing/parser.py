@@ -1,8 +1,8 @@
 """Parsing with a trained model: words in, a well-formed tree out, through the translation machinery.
 
-A :class:`Parser` wraps a :class:`transduce.translate.Translator` whose model was trained with ``data.task: parse``.
-It decodes each sentence into a linearised tree with the paper's search for parsing (:data:`PAPER_DECODE`: beam 21,
-GNMT length penalty α = 0.3, at most input + 300 tokens), constrained to well-formed trees over exactly the
+A :class:`Parser` wraps a :class:`transduce.search.translator.Translator` whose model was trained with ``data.task:
+parse``. It decodes each sentence into a linearised tree with the paper's search for parsing (:data:`PAPER_DECODE`: beam
+21, GNMT length penalty α = 0.3, at most input + 300 tokens), constrained to well-formed trees over exactly the
 sentence's words (:class:`~transduce.parsing.constrained.TreeConstraint`), and turns the tokens back into a tree
 with :func:`~transduce.parsing.linearize.delinearise`, which never fails (and, constrained, has nothing to mend).
 
@@ -23,7 +23,7 @@ from transduce.config import ConfigError, DecodeConfig
 from transduce.parsing.constrained import InOrderConstraint, TreeConstraint, TreeVocabulary
 from transduce.parsing.linearize import Repair, delinearise
 from transduce.parsing.trees import Tree
-from transduce.translate import Translator
+from transduce.search.translator import Translator
 
 #: the paper's decoding for parsing (§6.3): beam 21, alpha 0.3, maximum output length = input length + 300
 PAPER_DECODE = DecodeConfig(beam=21, length_penalty=0.3, length_norm="gnmt", max_len_a=1.0, max_len_b=300)

@@ -26,15 +26,15 @@ import sentencepiece as spm
 
 from transduce.config import DataConfig
 from transduce.data.binary import MANIFEST_FILE
+from transduce.data.download import missing_corpus_hint
 from transduce.data.output import write_json
-from transduce.download import missing_corpus_hint
 from transduce.errors import DataError
 from transduce.parsing.linearize import linearise
 from transduce.parsing.trees import Tree, read_treebank, split_spec
-from transduce.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
-from transduce.spm_proto import model_type
-from transduce.tokenizer import SRC_MODEL, TGT_MODEL, TOKENIZER_FILE, Tokenizer, _train_one
-from transduce.vocab import load_vocabulary
+from transduce.text.special import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
+from transduce.text.spm_proto import model_type
+from transduce.text.tokenizer import SRC_MODEL, TGT_MODEL, TOKENIZER_FILE, Tokenizer, _train_one
+from transduce.text.vocab import load_vocabulary
 
 log = logging.getLogger(__name__)
 

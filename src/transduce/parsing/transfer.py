@@ -1,7 +1,7 @@
 """A parser whose encoder starts as a pretrained model's (``train.init_from`` with ``data.task: parse``).
 
 ``init_from`` names a transduce run or checkpoint (an English->X translation run: its encoder reads English). The
-parser takes from it (read as a classifier reads it, :mod:`transduce.encoder_transfer`):
+parser takes from it (read as a classifier reads it, :mod:`transduce.transfer.encoder`):
 
 - the **source vocabulary**: the words are encoded into subwords with the pretrained model's source SentencePiece
   model, and only the target vocabulary, the trees' tokens, is made from the treebank
@@ -14,14 +14,14 @@ parser takes from it (read as a classifier reads it, :mod:`transduce.encoder_tra
 - the **weights** (:func:`initialise`): the source embeddings, learned positions and the encoder's layers and norm;
   the decoder, the tree embeddings and the output projection start fresh. The log says how many parameters were
   kept and dropped. ``train.pretrained_lr_scale`` sets the pretrained part's learning rate
-  (:func:`transduce.encoder_transfer.lr_scales`).
+  (:func:`transduce.transfer.encoder.lr_scales`).
 """
 
 from __future__ import annotations
 
-from transduce import encoder_transfer
 from transduce.config import Config, ModelConfig
-from transduce.tokenizer import Vocabulary
+from transduce.text.tokenizer import Vocabulary
+from transduce.transfer import encoder as encoder_transfer
 
 #: model fields that shape a parser's decoder: the config's where it sets them (besides the dropout rates)
 PARSER_FIELDS = ("decoder_layers", "share_vocab", "tie_output", "output_bias")
