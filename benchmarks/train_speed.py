@@ -52,7 +52,7 @@ of our model: the update ``transduce train`` makes (Adam as ``transduce.training
 fused implementation; the learning-rate schedule; the gradient-norm check of every update).
 
 The contenders' dropout is each one's own (the same probabilities): transduce's CPU dropout
-(``transduce.model.layers.dropout``, a mask from 16 random bits per element) against PyTorch's ``F.dropout`` in
+(``transduce.model.fused.dropout``, a mask from 16 random bits per element) against PyTorch's ``F.dropout`` in
 both peers.
 
 ``--profile`` adds, per configuration and precision, a breakdown of our step (without dropout, forward only,

@@ -1,12 +1,12 @@
-"""The CPU dropout (transduce.model.layers.dropout): distribution, scaling, gradient, seeding, fallbacks."""
+"""The CPU dropout (transduce.model.fused.dropout): distribution, scaling, gradient, seeding, fallbacks."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import transduce.model.layers as layers
+import transduce.model.fused as fused
 from transduce.model import kernels
-from transduce.model.layers import Dropout, dropout
+from transduce.model.fused import Dropout, dropout
 
 needs_kernels = pytest.mark.skipif(kernels.compiled() is None, reason="transduce's CPU kernels could not be built")
 
@@ -53,7 +53,7 @@ def test_half_rate_lanes_and_pairs_are_unbiased_and_independent(path):
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_masks_equal_the_pytorch_reference(dtype):
-    """The compiled kernel against :func:`layers.dropout_draws` written with PyTorch's operations: the same kept
+    """The compiled kernel against :func:`fused.dropout_draws` written with PyTorch's operations: the same kept
     elements and values, for sizes around the 16-element blocks and across the kernel's parallel chunks."""
     module = kernels.compiled()
     g = torch.Generator().manual_seed(2)
@@ -61,7 +61,7 @@ def test_kernel_masks_equal_the_pytorch_reference(dtype):
         x = torch.randn(n, generator=g).to(dtype)
         for seed, levels in ((3, 1), (-(2**63), 32768), (2**63 - 1, 45875), (123456789123, 65535)):
             scale = 65536 / levels
-            expected = torch.where(layers.dropout_draws(n, seed) < levels, x * scale, torch.zeros((), dtype=dtype))
+            expected = torch.where(fused.dropout_draws(n, seed) < levels, x * scale, torch.zeros((), dtype=dtype))
             assert torch.equal(module.dropout_apply(x, seed, levels, scale), expected), (n, seed, levels)
 
 
@@ -71,7 +71,7 @@ def test_exactly_levels_of_the_65536_draws_keep(monkeypatch):
     the same way (test_kernel_masks_equal_the_pytorch_reference)."""
     every_value = torch.arange(2**16, dtype=torch.int64)
     monkeypatch.setattr(kernels, "compiled", lambda: None)
-    monkeypatch.setattr(layers, "dropout_draws", lambda n, seed, device: every_value[:n])
+    monkeypatch.setattr(fused, "dropout_draws", lambda n, seed, device: every_value[:n])
     for p in (0.1, 0.3, 0.5, 0.9, 1e-6):
         kept = int(dropout(torch.ones(2**16), p, True).ne(0).sum())
         assert kept == round((1 - p) * 65536), p
@@ -90,7 +90,7 @@ def test_the_draws_follow_the_documented_hash():
 
     seed = 0x0123456789ABCDEF
     word = [mix32(mix32(j ^ 0x89ABCDEF) ^ 0x01234567) for j in range(10)]
-    draws = layers.dropout_draws(18, seed).tolist()
+    draws = fused.dropout_draws(18, seed).tolist()
     assert draws[0] == word[0] & 0xFFFF and draws[8] == word[0] >> 16 and draws[17] == word[9] & 0xFFFF
     assert draws[:8] == [w & 0xFFFF for w in word[:8]] and draws[8:16] == [w >> 16 for w in word[:8]]
 
@@ -170,7 +170,7 @@ def test_module_and_pytorchs_dropout_where_no_draw_keeps(monkeypatch):
     torch.manual_seed(5)
     assert torch.equal(module(x), expected)
     p = 1.0 - 2.0**-18
-    assert layers._keep_levels(p) == 0
+    assert fused._keep_levels(p) == 0
     torch.manual_seed(6)
     expected = F.dropout(x, p, True)
     torch.manual_seed(6)

@@ -367,11 +367,11 @@ def test_fused_residual_equals_dropout_add_and_layer_norm(monkeypatch, dtype, p)
 
 
 def test_the_model_trains_post_norm_layers_through_the_fused_residual(monkeypatch):
-    import transduce.model.layers as layers
+    import transduce.model.fused as fused
 
     calls = []
-    real = layers._AddLayerNorm.apply
-    monkeypatch.setattr(layers._AddLayerNorm, "apply", lambda *a: calls.append(1) or real(*a))
+    real = fused._AddLayerNorm.apply
+    monkeypatch.setattr(fused._AddLayerNorm, "apply", lambda *a: calls.append(1) or real(*a))
     src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 6))
     for norm, expected in (("post", 2 * 2 + 3 * 2), ("pre", 0)):
         model = Transformer(ModelConfig.preset("test", src_vocab_size=50, tgt_vocab_size=50, norm=norm)).train()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transduce import ModelConfig, Transformer, fastpaths
-from transduce.model import DecoderCache, causal_mask, kernels, padding_mask, sinusoid
+from transduce.model import DecoderCache, causal_mask, fused, kernels, padding_mask, sinusoid
 from transduce.model import layers as layers_module
 from transduce.model import packed as packed_module
 from transduce.model import step as step_module
@@ -620,7 +620,7 @@ def test_explicit_attention_drops_attention_weights_with_the_package_dropout():
     torch.manual_seed(5)
     out, weights = layers_module.explicit_attention(q, k, v, None, False, dropout_p=0.5)
     torch.manual_seed(5)
-    dropped = layers_module.dropout(weights, 0.5, True)
+    dropped = fused.dropout(weights, 0.5, True)
     assert torch.equal(out, dropped @ v)
     assert 0.4 < float(dropped.eq(0).float().mean()) < 0.6  # the returned weights are those before dropout
     assert weights.ne(0).all()
@@ -800,11 +800,11 @@ def test_inference_attention_takes_the_kernel_only_for_an_exact_key_padding_mask
     with torch.no_grad():
         for mask, kernel in [(keys.expand(3, 5)[:, None, None].clone(), True), (keys[None, None, None], False),
                              (torch.ones(3, 1, 1, 1, dtype=torch.bool), False)]:  # fmt: skip
-            assert layers_module._kernel_attends(q, k, v, mask) == (kernel and kernels.compiled() is not None)
+            assert fused._kernel_attends(q, k, v, mask) == (kernel and kernels.compiled() is not None)
             out, _ = attn._attend(q, k, v, mask, False, False)
             want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(3, 5, 32)
             torch.testing.assert_close(out, attn.out(want), atol=1e-5, rtol=1e-5)
-    assert not layers_module._kernel_attends(q, k, v.requires_grad_(), None)  # a gradient wanted: SDPA or products
+    assert not fused._kernel_attends(q, k, v.requires_grad_(), None)  # a gradient wanted: SDPA or products
 
 
 @pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)

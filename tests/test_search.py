@@ -226,7 +226,7 @@ def test_next_token_log_probs_equal_log_softmax_of_the_last_position():
 
 @pytest.mark.parametrize("vocab", [8000, 1000, 256, 250, 8003, 7])
 def test_top_candidates_equal_one_topk_over_all_beams(vocab):
-    from transduce.search import beam as beam_module
+    from transduce.search import candidates as candidates_module
 
     g = torch.Generator().manual_seed(vocab)
     total = torch.log_softmax(torch.randn(6, 4, vocab, generator=g) * 3, dim=-1)
@@ -234,7 +234,7 @@ def test_top_candidates_equal_one_topk_over_all_beams(vocab):
     total[1, :, EOS_ID] = torch.tensor([-1.0, -2.0, -3.0, -4.0])
     total[2, 1:] = float("-inf")  # one live beam
     for size in (8, 3):
-        got = beam_module.top_candidates(total, size)  # through the chunked top-k where it applies
+        got = candidates_module.top_candidates(total, size)  # through the chunked top-k where it applies
         top, flat = total.view(6, -1).topk(size, dim=1)
         want = top, flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
         assert torch.equal(got[0], want[0])  # the same values, best first
@@ -243,7 +243,7 @@ def test_top_candidates_equal_one_topk_over_all_beams(vocab):
             assert torch.equal(a[finite], b[finite])
         assert all(0 <= int(t) < vocab for t in got[1].flatten()) and all(0 <= int(b) < 4 for b in got[2].flatten())
     # 4 x 250, 4 x 8003 and 4 x 7 are no multiple of 16: one torch.topk
-    assert (beam_module._chunked_topk(total.view(6, -1), 8) is None) == (vocab in (250, 8003, 7))
+    assert (candidates_module._chunked_topk(total.view(6, -1), 8) is None) == (vocab in (250, 8003, 7))
 
 
 @pytest.mark.parametrize("vocab", [8000, 37, 7])
@@ -253,7 +253,7 @@ def test_candidates_from_logits_equal_beam_step_of_the_log_softmax(vocab, width)
     kernels apply: the same as beam_step over the log-softmax, -inf (disallowed) tokens, empty beams and fewer
     candidates than asked for (4 x 7 < 32) included."""
     from transduce.model import kernels
-    from transduce.search.beam import top_candidates_from_logits
+    from transduce.search.candidates import top_candidates_from_logits
 
     if not kernels.applies(torch.zeros(1)):
         pytest.skip("transduce's kernels are not available (TRANSDUCE_KERNELS=0 or no compiler)")

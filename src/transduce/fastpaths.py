@@ -11,34 +11,39 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
         translator.translate(lines)          # PyTorch's operations and MKL's products only
 
 - ``kernels`` (``TRANSDUCE_KERNELS=0`` in the environment turns it off): transduce's C++ kernels
-  (``model/csrc``, built on first use): decoding attention, the beam and greedy candidates from the logits, the
-  step's layer norm, dropout, the fused loss, the post-norm residual in training and the int8 product.
+  (``model/csrc``, built on first use by ``model/kernels.py``): decoding attention and the step's layer norm
+  (``model/step.py``), inference attention in the layers, dropout and the post-norm residual in training
+  (``model/fused.py``: ``attend``, ``dropout``, ``add_norm``), the beam and greedy candidates from the logits
+  (``search/candidates.py``: ``beam_candidates``, ``RowCandidates``), the fused loss (``loss.py``) and the int8
+  product (``model/quantize.py``).
   Fallback: PyTorch's operations (the same results; dropout the same masks), also wherever the build fails (a
   warning says why) and for tensors the kernels do not take (not float32, or not on the CPU).
 - ``step_function``: a decoding step as one function over the weights (``model/step.py``). Fallback: the
   decoder's modules (set it off for forward hooks on them to run).
 - ``attention_kernel_max_keys``: inference attention (the encoder's, and cross-attention outside the step function)
-  through the kernel up to this many keys; 0: never. Fallback: ``scaled_dot_product_attention``.
+  through the kernel up to this many keys (``model/fused.py: attend``); 0: never. Fallback:
+  ``scaled_dot_product_attention``.
 - ``by_position_min_source``: the step's self-attention cache stored by position (written once, read through a
-  row table) for padded sources at least this long. Fallback: the cache copied into row order inside the
-  attention kernel at every step (``torch.index_select`` without the kernels).
+  row table; ``model/step.py``, ``model/cache.py``) for padded sources at least this long. Fallback: the cache
+  copied into row order inside the attention kernel at every step (``torch.index_select`` without the kernels).
 - ``explicit_attention_max_keys``: attention that autograd differentiates on the CPU as explicit products for up
-  to this many keys; 0: never. Fallback: SDPA's flash kernel (slower backward at translation lengths, memory
-  linear in length).
-- ``onednn``: the pre-softmax projection through oneDNN with a packed weight, where PyTorch has oneDNN. Fallback:
-  ``F.linear`` (MKL).
-- ``onednn_layers``, ``onednn_min_macs``: the other linear layers through oneDNN too, for products of at least
-  ``onednn_min_macs`` multiply-adds; on where oneDNN's vectors are wider than MKL's (AVX-512 on an AMD CPU).
-  Fallback: ``F.linear``.
-- ``int8_kernel``: quantised layers through transduce's VNNI product (per-row scales), where the kernels were
-  built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
+  to this many keys (``model/layers.py: explicit_attention``); 0: never. Fallback: SDPA's flash kernel (slower
+  backward at translation lengths, memory linear in length).
+- ``onednn``: the pre-softmax projection through oneDNN with a packed weight (``model/packed.py``), where PyTorch
+  has oneDNN. Fallback: ``F.linear`` (MKL).
+- ``onednn_layers``, ``onednn_min_macs``: the other linear layers through oneDNN too (``model/packed.py``,
+  ``model/step.py``), for products of at least ``onednn_min_macs`` multiply-adds; on where oneDNN's vectors are
+  wider than MKL's (AVX-512 on an AMD CPU). Fallback: ``F.linear``.
+- ``int8_kernel``: quantised layers through transduce's VNNI product (per-row scales; ``model/quantize.py``), where
+  the kernels were built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
 - ``int8_min_weights``: :func:`~transduce.model.quantize.quantize_int8` quantises the linear layers of at least
   this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
-- ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches, for at most
-  ``pause_gc_limit_s`` while searches keep overlapping. Fallback: the collector runs as usual.
+- ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches
+  (``search/common.py: gc_paused``), for at most ``pause_gc_limit_s`` while searches keep overlapping. Fallback:
+  the collector runs as usual.
 - ``block_cache``: training on the CPU takes tensors of 256 KiB and more from transduce's block cache
   (``model/csrc/allocator.cpp``, part of the kernels; :mod:`transduce.training.memory`), which reuses blocks of about
   the right size within a bound. Fallback: the C library's allocator, whose heap fragments under batches of changing
@@ -178,13 +183,14 @@ class FastPaths:
     kernels: bool = field(default_factory=lambda: os.environ.get("TRANSDUCE_KERNELS", "1") != "0")
     # one-token decoding steps through model/step.py's function; False: through the decoder's modules
     step_function: bool = True
-    # inference attention through the kernel for at most this many keys (above: SDPA, faster from about 256 keys)
+    # inference attention through the kernel (model/fused.py) for at most this many keys (above: SDPA, faster from
+    # about 256 keys)
     attention_kernel_max_keys: int = 128
     # the step's self-attention cache stored by position for padded sources of at least this many tokens (below,
     # copying it into row order inside the attention kernel costs no more; at 800 tokens by position is 1.7x faster)
     by_position_min_source: int = 400
-    # attention that autograd differentiates on the CPU as explicit products for at most this many keys (SDPA's
-    # flash kernel above; the explicit products keep the (B, h, T, S) weights for the backward pass)
+    # attention that autograd differentiates on the CPU as explicit products (model/layers.py) for at most this many
+    # keys (SDPA's flash kernel above; the explicit products keep the (B, h, T, S) weights for the backward pass)
     explicit_attention_max_keys: int = 512
     # the pre-softmax projection through oneDNN with a packed weight (model/packed.py)
     onednn: bool = field(default_factory=onednn_available)

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from transduce.config import ModelConfig
 from transduce.model.cache import Memory
-from transduce.model.layers import Dropout, EncoderLayer, LearnedPositions, SinusoidalPositions, padding_mask
+from transduce.model.fused import Dropout
+from transduce.model.layers import EncoderLayer, LearnedPositions, SinusoidalPositions, padding_mask
 from transduce.model.packed import forget_packed
 
 #: the names of the tensors that the encoder-only models share with a translation model (its source embeddings and

@@ -22,11 +22,11 @@ For int8 inference (``csrc/int8.cpp``, built only for CPUs with AVX512-VNNI):
 For training steps (float32 and bfloat16):
 
 - ``dropout_apply``: dropout in one pass with a mask hashed from a seed and the element index
-  (:func:`transduce.model.layers.dropout`); the backward pass reapplies the seed, so no mask is stored.
+  (:func:`transduce.model.fused.dropout`); the backward pass reapplies the seed, so no mask is stored.
 - ``smoothed_nll_forward`` / ``smoothed_nll_backward``: the label-smoothed loss of :mod:`transduce.training.loss` in one
   pass over each row of logits forward and one backward, in the logits' own dtype.
 - ``add_layer_norm_forward`` / ``add_layer_norm_backward``: a post-norm residual ``LayerNorm(x + dropout(y))``
-  (:class:`transduce.model.layers._AddLayerNorm`) in one pass over the rows each way.
+  (:func:`transduce.model.fused.add_norm`) in one pass over the rows each way.
 
 For training memory (``csrc/allocator.cpp``):
 

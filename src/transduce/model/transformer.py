@@ -12,10 +12,10 @@ from transduce import fastpaths
 from transduce.config import ModelConfig
 from transduce.model import step
 from transduce.model.cache import DecoderCache, Memory
+from transduce.model.fused import Dropout
 from transduce.model.layers import (
     KV,
     DecoderLayer,
-    Dropout,
     EncoderLayer,
     LearnedPositions,
     SinusoidalPositions,

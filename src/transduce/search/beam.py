@@ -7,6 +7,10 @@ beam). EOS candidates ranked within the top ``beam`` become finished hypotheses;
 stay live. After every selection the cache is re-indexed with the beam each survivor came from; a sentence is done,
 and dropped from the batch (cache and memory rows included), when no live hypothesis can beat its finished ones.
 
+A step takes its candidates in one call, :func:`transduce.search.candidates.beam_candidates`: ``beam_step`` over the
+next token's log-probabilities with the rules on the next token applied, computed from the logits through
+transduce's kernels where they apply.
+
 Two things keep the work per step down. The first step decodes one row per sentence (all beams would start from
 the same BOS), then each row becomes ``beam`` rows. And the beams of a sentence share one row of cross-attention
 keys/values (:class:`transduce.model.DecoderCache` groups): they are neither copied per beam nor re-indexed, and the
@@ -20,19 +24,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.model import kernels
+from transduce.search.candidates import RowCandidates, beam_candidates, top_candidates
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
-    RowCandidates,
     SearchModel,
     check_length_penalty,
-    constrain,
     final_score,
-    follow_the_constraint,
     gc_paused,
     max_lengths,
-    next_token_log_probs,
 )
 from transduce.search.common import length_penalty as penalty
 from transduce.search.constraints import SearchConstraint
@@ -51,86 +51,6 @@ def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Ten
         ``size`` exceeds beam * V, the last ones are such padding, with token 0 and beam 0).
     """
     return top_candidates(scores[:, :, None] + log_probs, size)
-
-
-_CHUNKS = (64, 32, 16)  # chunk sizes tried by _chunked_topk, largest first
-
-
-def _chunked_topk(flat: Tensor, size: int) -> tuple[Tensor, Tensor] | None:
-    """``flat.topk(size, dim=1)`` for (N, M) rows with M much larger than ``size``, or None where it does not
-    apply (M not a multiple of a chunk size, or too few chunks).
-
-    Each row is cut into chunks of c consecutive values; the ``size`` best values of a row lie in the ``size``
-    chunks with the largest maxima (a value outside them is beaten by at least ``size`` chunk maxima, each a
-    different value), so one vectorised max per chunk and a top-k over ``size * c`` values replace the top-k over
-    the whole row. On this project's machine (one thread, 32 x 4 x 8,000 scores, the beam-4 search of a batch of
-    32) that took 0.37 ms against 1.67 ms for ``torch.topk``. The values are the same; among equal values the
-    indices may differ.
-    """
-    n, m = flat.shape
-    c = next((c for c in _CHUNKS if m % c == 0 and m // c >= size), 0)
-    if not c or flat.dtype != torch.float32:
-        return None
-    chunks = flat.view(n, m // c, c)
-    best = chunks.amax(dim=2).topk(size, dim=1).indices  # (N, size): the chunks that hold the best values
-    values = chunks.gather(1, best[:, :, None].expand(-1, -1, c)).view(n, size * c)
-    top, pos = values.topk(size, dim=1)
-    return top, best.gather(1, pos.div(c, rounding_mode="floor")) * c + pos.remainder(c)
-
-
-def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`beam_step` on ``total`` (N, beam, V), the cumulative scores ``scores[:, :, None] + log_probs``
-    already summed (beam search sums them in place, sparing an (N, beam, V) allocation per step)."""
-    n, beam, vocab = total.shape
-    flat_total = total.view(n, beam * vocab)
-    k = min(size, beam * vocab)
-    found = _chunked_topk(flat_total, k) if flat_total.is_contiguous() else None
-    top_scores, flat = found if found is not None else flat_total.topk(k, dim=1)
-    tokens, beams = flat.remainder(vocab), flat.div(vocab, rounding_mode="floor")
-    if size > beam * vocab:  # fewer candidates than asked for: pad with invalid ones
-        pad = size - beam * vocab
-        top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
-        tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (tokens, beams))
-    return top_scores, tokens, beams
-
-
-def top_candidates_from_logits(
-    logits: Tensor, normaliser: Tensor, scores: Tensor, size: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`beam_step` from the logits, through transduce's kernels (:mod:`transduce.model.kernels`): the same
-    candidates as ``beam_step(logits - normaliser[:, None], scores, size)`` (up to float rounding, and the order of
-    equal scores), in one pass over the logits instead of a log-probability array written, summed and searched.
-
-    Within a row the log-probability is ``logit - normaliser``, a shift that keeps the row's order, so the best
-    candidates of a sentence are among the ``size`` largest logits of each of its rows.
-
-    Args:
-        logits: (N * beam, V) float32 CPU logits with dense rows, -inf where a token is not allowed.
-        normaliser: (N * beam,) logsumexp of each row of the model's logits (before tokens were disallowed).
-        scores: (N, beam) cumulative log-probabilities of the live hypotheses.
-        size: candidates per sentence.
-    Returns:
-        ``(scores, tokens, beams)`` as :func:`beam_step` returns them.
-    """
-    values, tokens = kernels.row_topk(logits, min(size, logits.shape[1]))  # (N * beam, k), largest first
-    return candidates_from_row_tops(values, tokens, normaliser, scores, size)
-
-
-def candidates_from_row_tops(
-    values: Tensor, tokens: Tensor, normaliser: Tensor, scores: Tensor, size: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The rest of :func:`top_candidates_from_logits` once the ``k = min(size, V)`` largest logits of each row
-    (``values``, ``tokens``: (N * beam, k), largest first) are known: the best ``size`` of each sentence's beam x k."""
-    n, beam = scores.shape
-    k = values.shape[1]
-    total = values.sub_(normaliser[:, None]).view(n, beam, k).add_(scores[:, :, None]).view(n, beam * k)
-    top_scores, flat = total.topk(min(size, beam * k), dim=1)
-    cand_tokens, beams = tokens.view(n, beam * k).gather(1, flat), flat.div(k, rounding_mode="floor")
-    if size > beam * k:  # fewer candidates than asked for: pad with invalid ones
-        pad = size - beam * k
-        top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
-        cand_tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (cand_tokens, beams))
-    return top_scores, cand_tokens, beams
 
 
 def reorder_beams(cache: Any, index: Tensor) -> Any:
@@ -243,38 +163,18 @@ def beam_search(
 
     step = 0
     while True:
+        # the next token's logits for every live hypothesis (`width` rows per sentence)
         if use_cache:
             logits, cache = model.decode(tokens_in, memory, cache)
         else:
             logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
-        m = alive.shape[0]
-        last = logits[:, -1]  # (rows, V)
+
+        # the candidates: beam_step over the next token's log-probabilities, with the rules on the next token applied
+        # (through the kernels where they apply: search/candidates.py)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
-        # the candidates from the logits through the kernels where they apply: one kernel call, a row at a time, when
-        # every row masks the same tokens (the usual step), else a normaliser and a top-k per row; else from a full
-        # log-softmax
-        found = one_pass(last, 2 * beam, step, limits) if constraint is None else None
-        if found is not None:
-            normaliser, values, tokens = found
-            cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
-                values, tokens, normaliser, scores, 2 * beam
-            )
-        elif kernels.applies(last) and last.is_contiguous():
-            normaliser = kernels.logsumexp(last)  # of the model's distribution, before `constrain` masks tokens
-            raw = last.clone() if constraint is not None else last
-            constrain(last, step, **limits)
-            if constraint is not None:
-                constraint.mask(last, step, row_limit)
-                follow_the_constraint(last, raw, constraint, step, limits, width, scores.isfinite().view(-1))
-            cand_scores, cand_tokens, cand_beams = top_candidates_from_logits(last, normaliser, scores, 2 * beam)
-        else:
-            raw = next_token_log_probs(logits)
-            log_probs = constrain(raw.clone() if constraint is not None else raw, step, **limits)  # (rows, V)
-            if constraint is not None:
-                constraint.mask(log_probs, step, row_limit)
-                follow_the_constraint(log_probs, raw, constraint, step, limits, width, scores.isfinite().view(-1))
-            total = log_probs.view(m, width, -1).add_(scores[:, :, None])  # beam_step's sum, in place
-            cand_scores, cand_tokens, cand_beams = top_candidates(total, 2 * beam)
+        cand_scores, cand_tokens, cand_beams = beam_candidates(
+            logits, scores, 2 * beam, step, limits, one_pass, constraint
+        )
         cand_eos = cand_tokens.eq(cfg.eos_id)
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses
@@ -290,12 +190,15 @@ def beam_search(
             ])  # fmt: skip
 
         # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
+        m = alive.shape[0]
         rank = torch.where(cand_eos, beam_offsets + 2 * beam, beam_offsets)
         pick = rank.topk(beam, dim=1, largest=False).indices  # (m, beam), in score order
         scores = cand_scores.gather(1, pick)
         source_rows = (torch.arange(m, device=device)[:, None] * width + cand_beams.gather(1, pick)).view(-1)
         tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
         history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
+
+        # the cache (and the constraint) follow each survivor to the row of the hypothesis it extends
         if constraint is not None:
             constraint = constraint.reorder(source_rows).advance(tokens_in[:, 0])
         if width < beam:  # after the first step: every sentence's row becomes `beam` rows

@@ -34,7 +34,6 @@ from torch import Tensor
 
 from transduce import fastpaths
 from transduce.config import LENGTH_NORMS
-from transduce.model import kernels
 
 NEG_INF = float("-inf")
 
@@ -234,25 +233,6 @@ def masks_rows_alike(step: int, *, max_len: Tensor, no_repeat_ngram: int, **_: A
     """Whether :func:`constrain` masks only :func:`always_masked` at ``step`` (the same tokens in every row): no row
     at its length limit and no n-gram blocking yet. Takes :func:`constrain`'s keyword arguments."""
     return not (no_repeat_ngram > 0 and step >= no_repeat_ngram) and not bool(max_len.le(step).any())
-
-
-class RowCandidates:
-    """A search's next-token candidates in one kernel pass over the logits (:func:`transduce.model.kernels.
-    row_candidates`: each row's logsumexp, then :func:`always_masked` set to -inf, then its ``k`` largest logits),
-    for the steps where that applies: float32 CPU logits with dense rows, the kernels built, and every row masked
-    alike (:func:`masks_rows_alike`). The masked ids are made once per search."""
-
-    def __init__(self, config: Any, min_len: int, device: torch.device):
-        self.min_len = min_len
-        # [from min_len on, before it]
-        self.masked = [torch.tensor(always_masked(config, m, min_len), device=device) for m in (min_len, 0)]
-
-    def __call__(self, last: Tensor, k: int, step: int, limits: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor] | None:
-        """``(normalisers (R,), values (R, k'), tokens (R, k'))`` with ``k' = min(k, V)`` for the logits ``last``
-        (R, V), masked in place; None where the kernel does not apply (``limits``: :func:`constrain`'s keywords)."""
-        if not (kernels.applies(last) and last.is_contiguous() and masks_rows_alike(step, **limits)):
-            return None
-        return kernels.row_candidates(last, min(k, last.shape[1]), self.masked[step < self.min_len])
 
 
 def block_repeated_ngrams(log_probs: Tensor, history: Tensor, n: int, *, fill_id: int) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from transduce.search.candidates import RowCandidates
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
-    RowCandidates,
     SearchModel,
     check_length_penalty,
     constrain,

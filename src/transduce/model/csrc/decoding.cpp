@@ -339,8 +339,8 @@ torch::Tensor attend_gathered(const torch::Tensor& q, const c10::optional<torch:
 // logsumexp and row_topk: what beam search needs of the next-token distribution, without writing it. The
 // search's candidates are the best 2 x beam (hypothesis score + log-probability) of each sentence; within one row
 // the log-probability is logit - logsumexp(logits), a constant shift, so the best candidates of a row are its
-// largest logits. transduce.search.beam takes the logsumexp of each row (before the search masks tokens), then
-// the top logits of each row (after), instead of a full log-softmax, a sum and a top-k over beam x vocabulary
+// largest logits. transduce.search.candidates takes the logsumexp of each row (before the search masks tokens),
+// then the top logits of each row (after), instead of a full log-softmax, a sum and a top-k over beam x vocabulary
 // values: two passes over the logits where that took five (docs/benchmarks.md); row_candidates does both a row at a
 // time, when the search's masks are the same for every row (the usual step).
 

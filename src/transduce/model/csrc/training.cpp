@@ -3,7 +3,7 @@
 //
 // dropout_apply: inverted dropout in one pass, its mask drawn from a counter-based hash of the element index and a
 // 64-bit seed (taken from PyTorch's generator by the caller). Nothing is kept for the backward pass: it applies the
-// same seed to the incoming gradient. transduce.model.layers.dropout_draws computes the same mask with PyTorch's
+// same seed to the incoming gradient. transduce.model.fused.dropout_draws computes the same mask with PyTorch's
 // operations (the fallback, and the tests' reference).
 //
 // smoothed_nll_forward / smoothed_nll_backward: label-smoothed cross-entropy of (N, V) logits (transduce.loss),
@@ -12,7 +12,7 @@
 // float32 copy of the logits.
 //
 // add_layer_norm_forward / add_layer_norm_backward: a post-norm residual LayerNorm(x + dropout(y)) in one pass over
-// the rows each way (transduce.model.layers._AddLayerNorm), with dropout_apply's mask.
+// the rows each way (transduce.model.fused.add_norm), with dropout_apply's mask.
 
 #include <torch/extension.h>
 

@@ -36,7 +36,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from transduce.config import ModelConfig
 from transduce.model.encoder import ENCODER_PREFIXES, TextEncoder
-from transduce.model.layers import ClassificationHead, Dropout, EncoderLayer, padding_mask
+from transduce.model.fused import Dropout
+from transduce.model.layers import ClassificationHead, EncoderLayer, padding_mask
 
 
 class ClassifierModel(TextEncoder):
