@@ -4,6 +4,7 @@ reads or writes anything, and the temporary file renamed over an output only on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import re
@@ -265,10 +266,16 @@ def test_an_interrupted_translation_leaves_the_old_output(checkpoint, tmp_path):
         proc.stdin.write(b"a dog.\nthe man.\n")  # translated and written to the temporary file, then it waits
         proc.stdin.flush()
         deadline = time.monotonic() + 120
-        # until the translations are being written: to a temporary file (or over the old one, which must not be)
-        while out.read_bytes() == b"old translations\n" and not any(p.name.startswith(".out.tmp-")
-                                                                    for p in tmp_path.iterdir()):  # fmt: skip
-            assert time.monotonic() < deadline and proc.poll() is None
+
+        def written() -> bool:  # a translation written: to a temporary file (or over the old one, which must not be)
+            tmp = [str(p) for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+            with contextlib.suppress(FileNotFoundError):  # (gone if the process failed and cleaned up)
+                return out.read_bytes() != b"old translations\n" or any(os.path.getsize(p) > 0 for p in tmp)
+            return False
+
+        while not written():  # then the process waits for the next line, as a user's Ctrl-C finds it
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         _, err = proc.communicate(timeout=60)
