@@ -31,7 +31,7 @@ assert package.is_relative_to(venv), f"transduce was imported from {package}, no
 csrc = Path(os.environ["REPO"]) / "src/transduce/model/csrc"
 missing = [p.name for p in csrc.iterdir() if not (package / "model/csrc" / p.name).is_file()]
 assert not missing, f"the wheel lacks model/csrc/{', '.join(missing)}"
-assert (package / "static/index.html").is_file(), "the wheel lacks static/index.html"
+assert (package / "serving/static/index.html").is_file(), "the wheel lacks serving/static/index.html"
 
 with warnings.catch_warnings():
     warnings.simplefilter("error")  # the fallback warning fails the check
