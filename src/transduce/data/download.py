@@ -17,6 +17,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from transduce.data.output import install, make_temp_dir
 from transduce.errors import TransduceError
 
 log = logging.getLogger(__name__)
@@ -162,13 +163,11 @@ def download_ptb_sample(directory: str | Path, *, base_url: str | None = None, f
             if not names:
                 raise DownloadError(f"{archive}: the archive holds no .mrg files")
             out = directory / MRG_DIR
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".combined-", dir=out.parent))
+            tmp = make_temp_dir(out)  # unpacked beside it, then renamed into place (an earlier one replaced)
             try:
                 for name in names:
                     (tmp / Path(name).name).write_bytes(zf.read(name))
-                shutil.rmtree(out, ignore_errors=True)
-                os.replace(tmp, out)
+                install(tmp, out)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except zipfile.BadZipFile:
