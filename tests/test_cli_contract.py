@@ -694,6 +694,14 @@ def test_ctrl_c_mid_way_exits_130_in_one_line_leaving_nothing(files, cli, monkey
     assert snapshot(files.root, files.model) == before
 
 
+def test_ctrl_c_before_the_verb_runs_exits_130_in_one_line(cli, monkeypatch):
+    """Ctrl-C while the command line is still being read (the parser built, modules loaded): the same exit status
+    and one line, which names no verb."""
+    interrupt_when(monkeypatch, "transduce.cli:build_parser")
+    code, _, err = cli(["translate", "--model", "m"])
+    assert code == 130 and err == ["transduce: interrupted"]
+
+
 def test_ctrl_c_during_quickstart_training_stops_it(files, cli, monkeypatch):
     """Training takes Ctrl-C itself (a checkpoint, then exit 130): the quickstart stops there instead of going on to
     evaluate a model it did not finish, and removes the directory it made."""
