@@ -14,8 +14,10 @@ float32, and with ``--ref`` the BLEU of the output (sacreBLEU on detokenised tex
 BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``.
 
 Variants of transduce's fast paths, for comparisons on one CPU (not in the default list): ``ours-onednn-layers``
-(fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``) and
-``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off).
+(fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``),
+``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off) and ``ours-int8-vnni`` (int8 through
+transduce's VNNI kernel alone, without oneDNN's AMX products where the CPU has them); ``ours-bf16-early`` and
+``ours-int8-vnni-early`` with CTranslate2's stopping rule.
 
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
@@ -193,7 +195,8 @@ def main() -> None:
     decoders = []
     int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in wanted_any(wanted) else None
     bf16 = None
-    if {"ours-bf16", "ours-bf16-fallback"} & set(wanted):  # bf16 products, the rest float32 (model/bf16.py)
+    # bf16 products, the rest float32 (model/bf16.py)
+    if {"ours-bf16", "ours-bf16-early", "ours-bf16-fallback"} & set(wanted):
         bf16 = Translator(translator.model, tok, translator.decode, precision="bf16")
     cast = None
     if "ours-bf16-cast" in wanted:  # the whole model in bf16 (what precision bf16 means on a GPU)
@@ -203,10 +206,13 @@ def main() -> None:
         ("ours-early", translator, "transduce fp32, early stopping", True, None),
         ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
         ("ours-bf16", bf16, "transduce bf16", False, None),
+        ("ours-bf16-early", bf16, "transduce bf16, early stopping", True, None),
         ("ours-bf16-fallback", bf16, "transduce bf16, F.linear products", False, {"bf16_onednn": False}),
         ("ours-bf16-cast", cast, "transduce, whole model cast to bf16", False, None),
         ("ours-int8", int8, "transduce int8", False, None),
         ("ours-int8-early", int8, "transduce int8, early stopping", True, None),
+        ("ours-int8-vnni", int8, "transduce int8, VNNI kernel only", False, {"int8_amx": False}),
+        ("ours-int8-vnni-early", int8, "transduce int8, VNNI kernel only, early stopping", True, {"int8_amx": False}),
     ]:
         if name in wanted:
             decode = DecodeConfig(
