@@ -1,9 +1,10 @@
 """The linear layers of a decoding step, through MKL's BLAS (``F.linear``), through oneDNN with the weight packed
 once (``transduce.model.packed.project``), with bf16 weights and products (``transduce.model.bf16``: float32 in
 and out, as ``--precision bf16`` decodes on the CPU) and with dynamic int8 quantisation
-(``transduce.model.quantize``, every layer whatever its size) through PyTorch's operation (fbgemm) and through
-transduce's VNNI kernel (where the CPU has AVX512-VNNI), side by side: time per call and GFLOP/s by layer shape
-and row count.
+(``transduce.model.quantize``, every layer whatever its size) through PyTorch's operation (fbgemm), through
+transduce's VNNI kernel (where the CPU has AVX512-VNNI) and through the kernel's quantisation with oneDNN's int8
+matrix multiplication making the sums (AMX tiles where the CPU has AMX-INT8), side by side: time per call and
+GFLOP/s by layer shape and row count.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/linear_backends.py \\
         --preset tiny --rows 4,32,128 --threads 1
@@ -28,7 +29,7 @@ from harness import add_common_args, apply_common_args, interleaved, machine, ta
 from transduce import fastpaths
 from transduce.config import ModelConfig
 from transduce.model import bf16, kernels, packed
-from transduce.model.quantize import int8_function, quantize_int8
+from transduce.model.quantize import amx_int8_available, int8_function, quantize_int8
 
 
 def per_call(fns: list, reps: int) -> list[float]:
@@ -68,9 +69,11 @@ def main() -> None:
     print(machine())
     print(f"preset {args.preset} (d_model {d}, d_ff {f}); median of {args.reps}\n")
     vnni = hasattr(kernels.compiled(), "int8_linear")
+    amx = vnni and amx_int8_available()
     header = ["layer", "rows", "F.linear, us", "GFLOP/s", "oneDNN packed, us", "speed-up", "bf16, us", "speed-up",
               "fbgemm int8, us", "speed-up"]  # fmt: skip
     header += ["transduce int8, us", "speed-up", "vs fbgemm"] if vnni else []
+    header += ["int8 oneDNN/AMX sums, us", "vs transduce int8"] if amx else []
     rows_out = []
     torch.manual_seed(0)
     with torch.inference_mode():
@@ -96,8 +99,13 @@ def main() -> None:
                 fns = [plain, onednn, functools.partial(half, x.view(rows, n_in)), dynamic_int8]
                 torch.testing.assert_close(fns[2]()[:, None], plain(), atol=0.1, rtol=0.05)
                 if vnni:
-                    fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
+                    with fastpaths.override(int8_amx=False):
+                        fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
                     torch.testing.assert_close(fns[-1]()[:, None], dynamic_int8(), atol=0.1, rtol=0.1)
+                if amx:  # the same quantised rows, the sums by oneDNN's int8 matrix multiplication, whatever the size
+                    with fastpaths.override(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_rows=0):
+                        fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
+                    torch.testing.assert_close(fns[-1](), fns[-2](), atol=1e-4, rtol=1e-5)
                 times = per_call(fns, args.reps)
                 t_plain, t_packed, t_bf16, t_int8 = times[:4]
                 flop = 2 * rows * n_in * n_out
@@ -106,6 +114,8 @@ def main() -> None:
                          f"{t_int8 * 1e6:.1f}", f"{t_plain / t_int8:.2f}x"]  # fmt: skip
                 if vnni:
                     cells += [f"{times[4] * 1e6:.1f}", f"{t_plain / times[4]:.2f}x", f"{t_int8 / times[4]:.2f}x"]
+                if amx:
+                    cells += [f"{times[5] * 1e6:.1f}", f"{times[4] / times[5]:.2f}x"]
                 rows_out.append(cells)
     print(table(header, rows_out))
 

@@ -14,7 +14,7 @@ from torch import nn
 from decodekit import copy_sentences, one_thread
 from transduce import fastpaths
 from transduce.model import kernels, packed, quantize, step
-from transduce.model.quantize import int8_function, pack_weight, quantize_int8
+from transduce.model.quantize import amx_int8_available, int8_function, pack_weight, quantize_int8
 from transduce.search.translator import Translator
 
 DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
@@ -29,6 +29,19 @@ def _has_vnni_kernel() -> bool:
 needs_vnni = pytest.mark.skipif(
     not _has_vnni_kernel(), reason="the int8 kernel is built only for CPUs with AVX512-VNNI (and kernels on)"
 )
+
+
+# the two routes of int8_function's products: transduce's VNNI kernel, and the same rows quantised by the kernel
+# with the sums made by oneDNN's int8 matrix multiplication (AMX tiles where the CPU has them), here for any size
+ROUTES = {"vnni": dict(int8_amx=False), "amx": dict(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_rows=0)}
+
+
+@pytest.fixture(params=sorted(ROUTES))
+def route(request):
+    if request.param == "amx" and not amx_int8_available():
+        pytest.skip("this PyTorch has no oneDNN int8 linear operation (onednn::qlinear_pointwise)")
+    with fastpaths.override(**ROUTES[request.param]):
+        yield request.param
 
 
 def test_the_int8_kernel_is_built_where_the_cpu_has_vnni():
@@ -104,7 +117,7 @@ def _dequantised(q: DynamicLinear) -> torch.Tensor:
 
 @needs_vnni
 @pytest.mark.parametrize("m, k, n", [(128, 128, 384), (5, 33, 20), (64, 256, 128)])
-def test_error_is_within_half_a_step_of_each_rows_quantisation(m, k, n):
+def test_error_is_within_half_a_step_of_each_rows_quantisation(m, k, n, route):
     """Against x W^T + b with the dequantised weight: each input is off by at most half its row's step s, so each
     output by at most s/2 * sum_k |W[n, k]| (plus float rounding)."""
     _, q = _quantised_linear(k, n, seed=k + n)
@@ -123,7 +136,7 @@ def test_error_is_within_half_a_step_of_each_rows_quantisation(m, k, n):
 
 
 @needs_vnni
-def test_rows_do_not_depend_on_each_other():
+def test_rows_do_not_depend_on_each_other(route):
     """Each row is quantised on its own: a row's output is the same alone or among others (bit for bit)."""
     _, q = _quantised_linear(128, 200, seed=3)
     x = torch.randn(21, 128)
@@ -135,7 +148,7 @@ def test_rows_do_not_depend_on_each_other():
 
 
 @needs_vnni
-def test_relu_residual_bias_and_zero_rows():
+def test_relu_residual_bias_and_zero_rows(route):
     """The ReLU applies before the residual is added; a row of zeros gives the bias exactly."""
     _, q = _quantised_linear(64, 40, seed=5)
     x = torch.randn(10, 64)
@@ -160,7 +173,7 @@ def test_relu_residual_bias_and_zero_rows():
 
 
 @needs_vnni
-def test_layers_without_bias_and_with_per_tensor_weights():
+def test_layers_without_bias_and_with_per_tensor_weights(route):
     torch.manual_seed(0)
     lin = nn.Linear(32, 24, bias=False)
     with warnings.catch_warnings():
@@ -172,6 +185,7 @@ def test_layers_without_bias_and_with_per_tensor_weights():
     x = torch.randn(6, 32)
     y = int8_function(per_tensor)(x)
     assert getattr(per_tensor, "_transduce_int8", None) is not None  # the kernel ran on it
+    assert (getattr(per_tensor, "_transduce_amx", None) is not None) == (route == "amx")
     w = per_tensor.weight().dequantize()
     step = (x.max(1).values.clamp(min=0) - x.min(1).values.clamp(max=0)) / 255
     bound = step[:, None] / 2 * w.abs().sum(1)[None, :] + 1e-5
@@ -194,7 +208,7 @@ def test_weights_with_a_zero_point_or_too_many_inputs_go_to_pytorch(monkeypatch)
 
 
 @needs_vnni
-def test_rows_with_nan_or_infinity_give_nan():
+def test_rows_with_nan_or_infinity_give_nan(route):
     """A row with a NaN or an infinity comes out NaN (a float product gives NaN or infinities there), not as finite
     values from a clamped row; the other rows are untouched. Rows of huge or tiny values stay exact to their
     quantisation."""
@@ -215,6 +229,63 @@ def test_rows_with_nan_or_infinity_give_nan():
     assert ((f(huge).double() - (huge.double() @ w.double().t() + b.double())).abs() <= bound).all()
     tiny = torch.randn(1, 64) * 1e-37  # 1 / scale would overflow: treated as zeros, off by about 1e-36
     torch.testing.assert_close(f(tiny), b[None], rtol=0, atol=1e-30)
+
+
+@needs_vnni
+@pytest.mark.parametrize("m, k, n", [(1, 4, 16), (9, 130, 77), (37, 128, 384), (17, 256, 128)])
+def test_the_amx_route_sums_exactly_when_the_rows_quantise_exactly(m, k, n, route):
+    """The same exact rows through int8_function (the fixture chooses the route), against the dequantised weight:
+    the integer sums are exact, so the result is scale * sum + bias to float rounding, on either route."""
+    _, q = _quantised_linear(k, n, seed=m + n)
+    x = _exact_rows(m, k, seed=n)
+    expected = x.double() @ _dequantised(q).double().t() + q.bias().double()
+    torch.testing.assert_close(int8_function(q)(x).double(), expected, rtol=1e-6, atol=1e-4)
+
+
+@needs_vnni
+def test_the_amx_route_is_taken_from_its_sizes_on_and_agrees_with_the_kernel(monkeypatch):
+    """oneDNN's product runs for layers of at least int8_amx_min_weights weights and calls of at least
+    int8_amx_min_rows rows; below either, and with int8_amx off, the VNNI kernel alone. Both give the same outputs
+    to float rounding (the same quantised rows and weights; only the order of the float operations differs)."""
+    if not amx_int8_available():
+        pytest.skip("this PyTorch has no oneDNN int8 linear operation (onednn::qlinear_pointwise)")
+    calls = []
+    real = torch.ops.onednn.qlinear_pointwise
+    monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", lambda *a: calls.append(a[0].shape) or real(*a))
+    _, q = _quantised_linear(96, 80, seed=12)  # 7,680 weights
+    x, residual = torch.randn(40, 96), torch.randn(40, 80)
+    with fastpaths.override(int8_amx=False):
+        kernel = int8_function(q, relu=True)(x, residual)
+    assert calls == [] and getattr(q, "_transduce_amx", None) is None
+    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7681, int8_amx_min_rows=0):
+        assert torch.equal(int8_function(q, relu=True)(x, residual), kernel)
+    assert calls == [] and getattr(q, "_transduce_amx", None) is None
+    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7680, int8_amx_min_rows=40):
+        f = int8_function(q, relu=True)
+        assert torch.equal(f(x[:39], residual[:39]), kernel[:39])  # 39 rows: the kernel alone
+        assert calls == []
+        torch.testing.assert_close(f(x, residual), kernel, rtol=1e-6, atol=1e-5)
+    assert calls == [(40, 96)] and getattr(q, "_transduce_amx", None) is not None
+
+
+@pytest.mark.parametrize("flags, amx", [("avx512f avx512_vnni amx_bf16 amx_tile amx_int8", True),
+                                        ("avx512f avx512_vnni avx512_bf16", False)])  # fmt: skip
+def test_the_amx_route_is_on_by_default_only_where_the_cpu_has_amx_int8(monkeypatch, flags, amx):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(fastpaths, "cpu_flags", lambda: set(flags.split()))
+    assert fastpaths.FastPaths().int8_amx is (amx and fastpaths.onednn_available())
+
+
+@needs_vnni
+def test_rescale_checks_name_the_argument():
+    k8 = kernels.compiled()
+    acc, s, z = torch.zeros(2, 16), torch.ones(2), torch.zeros(2)
+    with pytest.raises(RuntimeError, match=r"int8_rescale: acc \(2, 16\) contiguous, s and z \(2,\), wz \(16,\)"):
+        k8.int8_rescale(acc, s, z, torch.ones(8), None, None, False)
+    with pytest.raises(RuntimeError, match=r"int8_rescale: bias must be contiguous \(16,\)"):
+        k8.int8_rescale(acc, s, z, torch.ones(16), torch.ones(3), None, False)
+    with pytest.raises(RuntimeError, match=r"int8_quantize_rows: x must be a 2-D Float CPU tensor, got 1-D Float"):
+        k8.int8_quantize_rows(torch.ones(3))
 
 
 @needs_vnni

@@ -38,6 +38,10 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   the kernels were built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
 - ``int8_min_weights``: :func:`~transduce.model.quantize.quantize_int8` quantises the linear layers of at least
   this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
+- ``int8_amx``, ``int8_amx_min_weights``, ``int8_amx_min_rows``: the int8 kernel's products for layers of at least
+  ``int8_amx_min_weights`` weights called with at least ``int8_amx_min_rows`` rows made by oneDNN's int8 matrix
+  multiplication, which runs in AMX tiles (the rows quantised by the kernel as before; ``model/quantize.py``); on
+  where the CPU has AMX-INT8. Fallback: the VNNI kernel alone.
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
@@ -50,8 +54,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   shapes (a Multi30k training process held 4.4 GB after 300 updates instead of 1.3).
 
 The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
-``onednn_layers`` (:func:`onednn_beats_mkl`), ``int8_min_weights`` and the precision ``auto`` decodes in
-(:func:`decode_precision`).
+``onednn_layers`` (:func:`onednn_beats_mkl`), ``int8_min_weights``, ``int8_amx`` and the precision ``auto`` decodes
+in (:func:`decode_precision`).
 
 Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
 briefly. Only ``kernels`` has an environment variable: the others are for tests, benchmarks and users who know
@@ -202,6 +206,11 @@ class FastPaths:
     int8_kernel: bool = True
     # quantize_int8 leaves linear layers with fewer weights in float32 (int8 is no faster for them without VNNI)
     int8_min_weights: int = field(default_factory=lambda: 0 if cpu_features().vnni else 1 << 16)
+    # the int8 kernel's products through oneDNN's int8 matrix multiplication (AMX tiles), where the CPU has AMX-INT8,
+    # for layers of at least int8_amx_min_weights weights and calls of at least int8_amx_min_rows rows
+    int8_amx: bool = field(default_factory=lambda: cpu_features().amx_int8 and onednn_available())
+    int8_amx_min_weights: int = 1 << 18
+    int8_amx_min_rows: int = 96
     # bf16 linear layers (model/bf16.py) through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)
     # Python's cyclic garbage collector off during searches (search/common.py: gc_paused) ...

@@ -98,14 +98,9 @@ def pack_weight(weight: Tensor, scales: Tensor, bias: Tensor | None = None, sour
     return PackedInt8(packed.contiguous(), channel_scales, sums, bias, n, source)
 
 
-def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
-    """The kernel's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer;
-    None where the kernel does not take the layer: weights that are not symmetric int8 (per channel or per tensor),
-    or more than :data:`MAX_INPUTS` inputs."""
-    params = linear._packed_params._packed_params
-    cached = getattr(linear, "_transduce_int8", None)
-    if cached is not None and cached.source is params:
-        return cached
+def _int8_weight(linear: nn.Module) -> tuple[Tensor, Tensor] | None:
+    """A dynamically quantised layer's int8 weight (N, K) and its output channels' scales (N,), where the weight is
+    symmetric int8 (per channel or per tensor) with at most :data:`MAX_INPUTS` inputs; else None."""
     if linear._packed_params.dtype != torch.qint8 or linear.in_features > MAX_INPUTS:
         return None
     weight = linear.weight()
@@ -118,8 +113,67 @@ def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
         return None
     if bool(zeros.ne(0).any()):
         return None
-    packed = pack_weight(weight.int_repr(), scales, linear.bias(), params)
+    return weight.int_repr(), scales
+
+
+def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
+    """The kernel's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer;
+    None where the kernel does not take the layer (:func:`_int8_weight`)."""
+    params = linear._packed_params._packed_params
+    cached = getattr(linear, "_transduce_int8", None)
+    if cached is not None and cached.source is params:
+        return cached
+    found = _int8_weight(linear)
+    if found is None:
+        return None
+    packed = pack_weight(*found, linear.bias(), params)
     linear._transduce_int8 = packed
+    return packed
+
+
+@dataclass(frozen=True)
+class AmxInt8:
+    """A quantised layer's weight as oneDNN's int8 matrix multiplication takes it (:func:`_amx_int8`)."""
+
+    weight: Tensor  # oneDNN's packed int8 weight (onednn::qlinear_prepack)
+    scales: Tensor  # (N,) float32: each output channel's scale
+    zeros: Tensor  # (N,) int64: the weight's zero points (all 0)
+    wz: Tensor  # (N,) float32: scale[n] * sum_k wq[n, k], for the inputs' zero points
+    bias: Tensor | None  # (N,) float32
+    source: object  # the layer's packed parameters this was made from
+
+
+def amx_int8_available() -> bool:
+    """Whether this PyTorch has oneDNN's int8 linear operation (``onednn::qlinear_pointwise``), which multiplies in
+    AMX tiles where the CPU has AMX-INT8."""
+    try:
+        return fastpaths.onednn_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _amx_int8(linear: nn.Module) -> AmxInt8 | None:
+    """oneDNN's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer; None
+    where the layer's weight is not symmetric int8 (:func:`_int8_weight`)."""
+    params = linear._packed_params._packed_params
+    cached = getattr(linear, "_transduce_amx", None)
+    if cached is not None and cached.source is params:
+        return cached
+    found = _int8_weight(linear)
+    if found is None:
+        return None
+    weight, scales = found
+    scales = scales.float().contiguous()
+    bias = linear.bias()
+    packed = AmxInt8(
+        weight=torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
+        scales=scales,
+        zeros=torch.zeros(weight.shape[0], dtype=torch.int64),
+        wz=(scales * weight.sum(1, dtype=torch.int32).float()).contiguous(),
+        bias=None if bias is None else bias.detach().float().contiguous(),
+        source=params,
+    )
+    linear._transduce_amx = packed
     return packed
 
 
@@ -128,8 +182,11 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     residual=None)``: ``linear(x)``, then a ReLU when ``relu``, then plus ``residual`` when one is given. Through
     transduce's VNNI kernel where it applies (``fastpaths.settings.int8_kernel`` set, the kernels built with VNNI,
     symmetric int8 weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the
-    layer's ``forward`` calls it. The decoding step makes these once per search (the checks are done here, not
-    per call)."""
+    layer's ``forward`` calls it. With ``fastpaths.settings.int8_amx`` (on where the CPU has AMX-INT8), a layer of
+    at least ``int8_amx_min_weights`` weights called with at least ``int8_amx_min_rows`` rows has its rows
+    quantised by the kernel and the sums made by oneDNN's int8 matrix multiplication, which uses the AMX tiles
+    (the same quantised operands and formula; the outputs agree to float rounding). The decoding step makes these
+    once per search (the checks are done here, not per call)."""
     params = linear._packed_params._packed_params
     quantised = linear._packed_params.dtype == torch.qint8
     reduce_range = not (linear.version is None or linear.version < 4)  # as DynamicLinear.forward
@@ -150,20 +207,35 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     product, weight, scales, sums, bias, outputs = (
         module.int8_linear, packed.weight, packed.scales, packed.sums, packed.bias, packed.outputs
     )  # fmt: skip
+    settings = fastpaths.settings
+    amx = None
+    weights = linear.in_features * linear.out_features
+    if settings.int8_amx and weights >= settings.int8_amx_min_weights and amx_int8_available():
+        amx = _amx_int8(linear)
+    min_rows = settings.int8_amx_min_rows
 
-    def vnni(x: Tensor, residual: Tensor | None = None) -> Tensor:
+    def rows_product(x: Tensor, residual: Tensor | None) -> Tensor:
+        if amx is None or x.shape[0] < min_rows:
+            return product(x, weight, scales, sums, bias, residual, relu, outputs)
+        q, s, z = module.int8_quantize_rows(x)  # each row as int8_linear quantises it; the sums in AMX tiles
+        acc = torch.ops.onednn.qlinear_pointwise(
+            q, 1.0, 0, amx.weight, amx.scales, amx.zeros, None, 1.0, 0, torch.float32, "none", [], ""
+        )  # fmt: skip
+        return module.int8_rescale(acc, s, z, amx.wz, bias, residual, relu)
+
+    def kernel(x: Tensor, residual: Tensor | None = None) -> Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return torch_op(x, residual)
         fused = residual is None or (residual.dtype == torch.float32 and residual.shape == (*x.shape[:-1], outputs))
         if x.dim() == 2 and x.stride(1) == 1 and fused and (residual is None or residual.stride(1) == 1):
-            return product(x, weight, scales, sums, bias, residual, relu, outputs)
+            return rows_product(x, residual)
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).contiguous()
         res = residual.reshape(-1, outputs).contiguous() if residual is not None and fused else None
-        y = product(rows, weight, scales, sums, bias, res, relu, outputs).view(*shape[:-1], outputs)
+        y = rows_product(rows, res).view(*shape[:-1], outputs)
         return y if fused else y.add_(residual)  # (a residual that broadcasts, or of another dtype: as torch_op)
 
-    return vnni
+    return kernel
 
 
 def int8_project(linear: nn.Module, x: Tensor, relu: bool = False, residual: Tensor | None = None) -> Tensor:

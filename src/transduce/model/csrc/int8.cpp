@@ -173,9 +173,9 @@ void rows_tile(const Product& p, int64_t m0, int64_t rows, int64_t j0) {
   }
 }
 
-void check(const torch::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
+void check(const char* fn, const torch::Tensor& t, const char* name, at::ScalarType type, int64_t dims) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == dims,
-              "int8_linear: ", name, " must be a ", dims, "-D ", c10::toString(type), " CPU tensor, got ",
+              fn, ": ", name, " must be a ", dims, "-D ", c10::toString(type), " CPU tensor, got ",
               t.dim(), "-D ", t.scalar_type(), " on ", t.device());
 }
 
@@ -187,10 +187,10 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType type, int64_
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
                           const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
-  check(x, "x", at::kFloat, 2);
-  check(weight, "weight", at::kChar, 3);
-  check(scales, "scales", at::kFloat, 1);
-  check(sums, "sums", at::kInt, 1);
+  check("int8_linear", x, "x", at::kFloat, 2);
+  check("int8_linear", weight, "weight", at::kChar, 3);
+  check("int8_linear", scales, "scales", at::kFloat, 1);
+  check("int8_linear", sums, "sums", at::kInt, 1);
   TORCH_CHECK(x.stride(1) == 1, "int8_linear: x's rows must be dense");
   TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64, "int8_linear: weight must be contiguous (Nv, Kq, 64)");
   const int64_t M = x.size(0), K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
@@ -204,14 +204,14 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, c
               "int8_linear: scales and sums must be contiguous (", Nv * kLanes, ",)");
   const float* bd = nullptr;
   if (bias.has_value() && bias->defined()) {
-    check(*bias, "bias", at::kFloat, 1);
+    check("int8_linear", *bias, "bias", at::kFloat, 1);
     TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, "int8_linear: bias must be contiguous (", N, ",)");
     bd = bias->data_ptr<float>();
   }
   const float* rd = nullptr;
   int64_t res_row = 0;
   if (residual.has_value() && residual->defined()) {
-    check(*residual, "residual", at::kFloat, 2);
+    check("int8_linear", *residual, "residual", at::kFloat, 2);
     TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
                 "int8_linear: residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
     rd = residual->data_ptr<float>();
@@ -247,8 +247,80 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, c
   return y;
 }
 
+// The two ends of the product that oneDNN's int8 matrix multiplication does in AMX tiles (quantize.py's AMX route):
+// int8_quantize_rows quantises each row of x as int8_linear does (uint8, its own scale and zero point), and, after
+// oneDNN's acc[m, n] = scale[n] * sum_k xq[m, k] wq[n, k] (input scale 1, zero point 0), int8_rescale makes
+//     y[m, n] = s[m] * (acc[m, n] - z[m] * scale[n] * sum_k wq[n, k]) + b[n]
+// in place in acc, with the ReLU and a residual where asked: int8_linear's formula, the sum over k in oneDNN's order.
+std::vector<torch::Tensor> int8_quantize_rows(const torch::Tensor& x) {
+  check("int8_quantize_rows", x, "x", at::kFloat, 2);
+  TORCH_CHECK(x.stride(1) == 1, "int8_quantize_rows: x's rows must be dense");
+  const int64_t M = x.size(0), K = x.size(1);
+  auto q = torch::empty({M, K}, x.options().dtype(at::kByte));
+  auto s = torch::empty({M}, x.options()), z = torch::empty({M}, x.options());
+  const float* xd = x.data_ptr<float>();
+  uint8_t* qd = q.data_ptr<uint8_t>();
+  float *sd = s.data_ptr<float>(), *zd = z.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quantize_row(xd + m * x.stride(0), K, qd + m * K, sd + m, zd + m);
+  return {q, s, z};
+}
+
+// acc: (M, N) float32, contiguous; s, z: (M,) from int8_quantize_rows; wz: (N,) scale[n] * sum_k wq[n, k];
+// bias: (N,) or None; residual: (M, N) with dense rows or None. Returns acc.
+torch::Tensor int8_rescale(torch::Tensor acc, const torch::Tensor& s, const torch::Tensor& z, const torch::Tensor& wz,
+                           const c10::optional<torch::Tensor>& bias, const c10::optional<torch::Tensor>& residual,
+                           bool relu) {
+  check("int8_rescale", acc, "acc", at::kFloat, 2);
+  check("int8_rescale", s, "s", at::kFloat, 1);
+  check("int8_rescale", z, "z", at::kFloat, 1);
+  check("int8_rescale", wz, "wz", at::kFloat, 1);
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(acc.is_contiguous() && s.size(0) == M && z.size(0) == M && wz.size(0) == N && s.is_contiguous() &&
+                  z.is_contiguous() && wz.is_contiguous(),
+              "int8_rescale: acc (", M, ", ", N, ") contiguous, s and z (", M, ",), wz (", N, ",)");
+  const float* bd = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    check("int8_rescale", *bias, "bias", at::kFloat, 1);
+    TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, "int8_rescale: bias must be contiguous (", N, ",)");
+    bd = bias->data_ptr<float>();
+  }
+  const float* rd = nullptr;
+  int64_t res_row = 0;
+  if (residual.has_value() && residual->defined()) {
+    check("int8_rescale", *residual, "residual", at::kFloat, 2);
+    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
+                "int8_rescale: residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
+    rd = residual->data_ptr<float>();
+    res_row = residual->stride(0);
+  }
+  float* y = acc.data_ptr<float>();
+  const float *sd = s.data_ptr<float>(), *zd = z.data_ptr<float>(), *wzd = wz.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const __m512 sv = _mm512_set1_ps(sd[m]), zv = _mm512_set1_ps(zd[m]);
+    for (int64_t n0 = 0; n0 < N; n0 += kLanes) {
+      const __mmask16 mask =
+          N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n0)) - 1u);
+      float* row = y + m * N + n0;
+      // the difference first, then the row's scale (s times each term alone may overflow where s times the
+      // difference does not, as in int8_linear's int32 difference)
+      const __m512 diff =
+          _mm512_fnmadd_ps(zv, _mm512_maskz_loadu_ps(mask, wzd + n0), _mm512_maskz_loadu_ps(mask, row));
+      __m512 v = _mm512_fmadd_ps(sv, diff, bd != nullptr ? _mm512_maskz_loadu_ps(mask, bd + n0) : _mm512_setzero_ps());
+      if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      if (rd != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, rd + m * res_row + n0));
+      _mm512_mask_storeu_ps(row, mask, v);
+    }
+  }
+  return acc;
+}
+
 void register_int8(pybind11::module_& m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("int8_quantize_rows", &int8_quantize_rows, "each row of x to uint8 with its scale and zero point",
+        pybind11::arg("x"), release());
+  m.def("int8_rescale", &int8_rescale, "an int8 product's float32 sums to the layer's output, in place",
+        pybind11::arg("acc"), pybind11::arg("s"), pybind11::arg("z"), pybind11::arg("wz"), pybind11::arg("bias"),
+        pybind11::arg("residual"), pybind11::arg("relu"), release());
   m.def("int8_linear", &int8_linear, "x W^T + b with W in int8 and x quantised per row (AVX512-VNNI)",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("sums"),
         pybind11::arg("bias"), pybind11::arg("residual"), pybind11::arg("relu"), pybind11::arg("outputs"),
