@@ -103,7 +103,9 @@ def main() -> None:
                         fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
                     torch.testing.assert_close(fns[-1]()[:, None], dynamic_int8(), atol=0.1, rtol=0.1)
                 if amx:  # the same quantised rows, the sums by oneDNN's int8 matrix multiplication, whatever the size
-                    with fastpaths.override(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_rows=0):
+                    with fastpaths.override(
+                        int8_amx=True, int8_amx_min_weights=0, int8_amx_min_inputs=0, int8_amx_min_rows=0
+                    ):
                         fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
                     torch.testing.assert_close(fns[-1](), fns[-2](), atol=1e-4, rtol=1e-5)
                 times = per_call(fns, args.reps)

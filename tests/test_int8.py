@@ -33,7 +33,10 @@ needs_vnni = pytest.mark.skipif(
 
 # the two routes of int8_function's products: transduce's VNNI kernel, and the same rows quantised by the kernel
 # with the sums made by oneDNN's int8 matrix multiplication (AMX tiles where the CPU has them), here for any size
-ROUTES = {"vnni": dict(int8_amx=False), "amx": dict(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_rows=0)}
+ROUTES = {
+    "vnni": dict(int8_amx=False),
+    "amx": dict(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_inputs=0, int8_amx_min_rows=0),
+}
 
 
 @pytest.fixture(params=sorted(ROUTES))
@@ -244,9 +247,10 @@ def test_the_amx_route_sums_exactly_when_the_rows_quantise_exactly(m, k, n, rout
 
 @needs_vnni
 def test_the_amx_route_is_taken_from_its_sizes_on_and_agrees_with_the_kernel(monkeypatch):
-    """oneDNN's product runs for layers of at least int8_amx_min_weights weights and calls of at least
-    int8_amx_min_rows rows; below either, and with int8_amx off, the VNNI kernel alone. Both give the same outputs
-    to float rounding (the same quantised rows and weights; only the order of the float operations differs)."""
+    """oneDNN's product runs for layers of at least int8_amx_min_weights weights and int8_amx_min_inputs inputs in
+    calls of at least int8_amx_min_rows rows; below any, and with int8_amx off, the VNNI kernel alone. Both give the
+    same outputs to float rounding (the same quantised rows and weights; only the order of the float operations
+    differs)."""
     if not amx_int8_available():
         pytest.skip("this PyTorch has no oneDNN int8 linear operation (onednn::qlinear_pointwise)")
     calls = []
@@ -257,10 +261,12 @@ def test_the_amx_route_is_taken_from_its_sizes_on_and_agrees_with_the_kernel(mon
     with fastpaths.override(int8_amx=False):
         kernel = int8_function(q, relu=True)(x, residual)
     assert calls == [] and getattr(q, "_transduce_amx", None) is None
-    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7681, int8_amx_min_rows=0):
+    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7681, int8_amx_min_inputs=0, int8_amx_min_rows=0):
+        assert torch.equal(int8_function(q, relu=True)(x, residual), kernel)
+    with fastpaths.override(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_inputs=97, int8_amx_min_rows=0):
         assert torch.equal(int8_function(q, relu=True)(x, residual), kernel)
     assert calls == [] and getattr(q, "_transduce_amx", None) is None
-    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7680, int8_amx_min_rows=40):
+    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7680, int8_amx_min_inputs=96, int8_amx_min_rows=40):
         f = int8_function(q, relu=True)
         assert torch.equal(f(x[:39], residual[:39]), kernel[:39])  # 39 rows: the kernel alone
         assert calls == []

@@ -38,10 +38,11 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   the kernels were built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
 - ``int8_min_weights``: :func:`~transduce.model.quantize.quantize_int8` quantises the linear layers of at least
   this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
-- ``int8_amx``, ``int8_amx_min_weights``, ``int8_amx_min_rows``: the int8 kernel's products for layers of at least
-  ``int8_amx_min_weights`` weights called with at least ``int8_amx_min_rows`` rows made by oneDNN's int8 matrix
-  multiplication, which runs in AMX tiles (the rows quantised by the kernel as before; ``model/quantize.py``); on
-  where the CPU has AMX-INT8. Fallback: the VNNI kernel alone.
+- ``int8_amx``, ``int8_amx_min_weights``, ``int8_amx_min_inputs``, ``int8_amx_min_rows``: the int8 kernel's
+  products for layers of at least ``int8_amx_min_weights`` weights and ``int8_amx_min_inputs`` inputs called with at
+  least ``int8_amx_min_rows`` rows made by oneDNN's int8 matrix multiplication, which runs in AMX tiles (the rows
+  quantised by the kernel as before; ``model/quantize.py``); on where the CPU has AMX-INT8. Fallback: the VNNI kernel
+  alone.
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
@@ -207,9 +208,11 @@ class FastPaths:
     # quantize_int8 leaves linear layers with fewer weights in float32 (int8 is no faster for them without VNNI)
     int8_min_weights: int = field(default_factory=lambda: 0 if cpu_features().vnni else 1 << 16)
     # the int8 kernel's products through oneDNN's int8 matrix multiplication (AMX tiles), where the CPU has AMX-INT8,
-    # for layers of at least int8_amx_min_weights weights and calls of at least int8_amx_min_rows rows
+    # for layers of at least int8_amx_min_weights weights and int8_amx_min_inputs inputs, in calls of at least
+    # int8_amx_min_rows rows (oneDNN's 25-50 us a call pays only there)
     int8_amx: bool = field(default_factory=lambda: cpu_features().amx_int8 and onednn_available())
     int8_amx_min_weights: int = 1 << 18
+    int8_amx_min_inputs: int = 256
     int8_amx_min_rows: int = 96
     # bf16 linear layers (model/bf16.py) through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)

@@ -30,6 +30,14 @@ fbgemm costs 10-15 us a call whatever its size (``benchmarks/linear_backends.py 
 1``). Per-row scales are also more exact than one scale per call, and a row's output does not depend on the other rows
 of its batch: the first 64 Multi30k test sentences all translated the same alone as in one batch (with fbgemm's one
 scale per call, 53 of them).
+
+On a CPU with AMX-INT8 the large products go through the AMX tiles: for layers of at least
+``fastpaths.settings.int8_amx_min_weights`` weights (2^18) and ``int8_amx_min_inputs`` inputs (256) called with at
+least ``int8_amx_min_rows`` rows (96), the kernel quantises the rows as above and oneDNN's int8 matrix multiplication
+makes the sums (:func:`int8_function`). oneDNN's call costs 25-50 us whatever its size, so it pays only there: on
+the `base` model's layers at 128 rows it ran at 1.05-1.37x the VNNI kernel's speed, at 32 rows 0.76-1.09x, at 4 rows
+0.23-0.40x; on the `tiny` model's (128 inputs) at most 0.99x, even the (128 x 8,000) output projection
+(``benchmarks/linear_backends.py --preset base --rows 4,32,128 --threads 1``, Intel Xeon with AMX).
 """
 
 from __future__ import annotations
@@ -183,7 +191,8 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     transduce's VNNI kernel where it applies (``fastpaths.settings.int8_kernel`` set, the kernels built with VNNI,
     symmetric int8 weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the
     layer's ``forward`` calls it. With ``fastpaths.settings.int8_amx`` (on where the CPU has AMX-INT8), a layer of
-    at least ``int8_amx_min_weights`` weights called with at least ``int8_amx_min_rows`` rows has its rows
+    at least ``int8_amx_min_weights`` weights and ``int8_amx_min_inputs`` inputs called with at least
+    ``int8_amx_min_rows`` rows has its rows
     quantised by the kernel and the sums made by oneDNN's int8 matrix multiplication, which uses the AMX tiles
     (the same quantised operands and formula; the outputs agree to float rounding). The decoding step makes these
     once per search (the checks are done here, not per call)."""
@@ -209,8 +218,8 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     )  # fmt: skip
     settings = fastpaths.settings
     amx = None
-    weights = linear.in_features * linear.out_features
-    if settings.int8_amx and weights >= settings.int8_amx_min_weights and amx_int8_available():
+    large = linear.in_features * linear.out_features >= settings.int8_amx_min_weights
+    if settings.int8_amx and large and linear.in_features >= settings.int8_amx_min_inputs and amx_int8_available():
         amx = _amx_int8(linear)
     min_rows = settings.int8_amx_min_rows
 
