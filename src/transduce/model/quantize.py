@@ -46,6 +46,7 @@ import copy
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -124,19 +125,25 @@ def _int8_weight(linear: nn.Module) -> tuple[Tensor, Tensor] | None:
     return weight.int_repr(), scales
 
 
-def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
-    """The kernel's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer;
-    None where the kernel does not take the layer (:func:`_int8_weight`)."""
+def _layer_copy(linear: nn.Module, attr: str, make: Callable[..., Any]) -> Any:
+    """A copy of a dynamically quantised int8 layer's weight for one of the products, ``make(weight, scales, bias,
+    source)``, made on first use and kept on the layer as ``attr`` (made again when the layer gets new packed
+    parameters); None where the products do not take the layer (:func:`_int8_weight`)."""
     params = linear._packed_params._packed_params
-    cached = getattr(linear, "_transduce_int8", None)
+    cached = getattr(linear, attr, None)
     if cached is not None and cached.source is params:
         return cached
     found = _int8_weight(linear)
     if found is None:
         return None
-    packed = pack_weight(*found, linear.bias(), params)
-    linear._transduce_int8 = packed
-    return packed
+    made = make(*found, linear.bias(), params)
+    setattr(linear, attr, made)
+    return made
+
+
+def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
+    """The VNNI kernel's copy of a quantised layer's weight (:func:`pack_weight`), or None."""
+    return _layer_copy(linear, "_transduce_int8", pack_weight)
 
 
 @dataclass(frozen=True)
@@ -160,29 +167,22 @@ def amx_int8_available() -> bool:
         return False
 
 
-def _amx_int8(linear: nn.Module) -> AmxInt8 | None:
-    """oneDNN's copy of a dynamically quantised int8 layer's weight, made on first use and kept on the layer; None
-    where the layer's weight is not symmetric int8 (:func:`_int8_weight`)."""
-    params = linear._packed_params._packed_params
-    cached = getattr(linear, "_transduce_amx", None)
-    if cached is not None and cached.source is params:
-        return cached
-    found = _int8_weight(linear)
-    if found is None:
-        return None
-    weight, scales = found
+def amx_weight(weight: Tensor, scales: Tensor, bias: Tensor | None = None, source: object = None) -> AmxInt8:
+    """An int8 weight (N, K) with one scale per output channel (N,) as oneDNN's int8 linear operation takes it."""
     scales = scales.float().contiguous()
-    bias = linear.bias()
-    packed = AmxInt8(
+    return AmxInt8(
         weight=torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
         scales=scales,
         zeros=torch.zeros(weight.shape[0], dtype=torch.int64),
         wz=(scales * weight.sum(1, dtype=torch.int32).float()).contiguous(),
         bias=None if bias is None else bias.detach().float().contiguous(),
-        source=params,
+        source=source,
     )
-    linear._transduce_amx = packed
-    return packed
+
+
+def _amx_int8(linear: nn.Module) -> AmxInt8 | None:
+    """oneDNN's copy of a quantised layer's weight (:func:`amx_weight`), or None."""
+    return _layer_copy(linear, "_transduce_amx", amx_weight)
 
 
 def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor]:
@@ -192,10 +192,9 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     symmetric int8 weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the
     layer's ``forward`` calls it. With ``fastpaths.settings.int8_amx`` (on where the CPU has AMX-INT8), a layer of
     at least ``int8_amx_min_weights`` weights and ``int8_amx_min_inputs`` inputs called with at least
-    ``int8_amx_min_rows`` rows has its rows
-    quantised by the kernel and the sums made by oneDNN's int8 matrix multiplication, which uses the AMX tiles
-    (the same quantised operands and formula; the outputs agree to float rounding). The decoding step makes these
-    once per search (the checks are done here, not per call)."""
+    ``int8_amx_min_rows`` rows has its rows quantised by the kernel and the sums made by oneDNN's int8 matrix
+    multiplication, which uses the AMX tiles (the same quantised operands and formula; the outputs agree to float
+    rounding). The decoding step makes these once per search (the checks are done here, not per call)."""
     params = linear._packed_params._packed_params
     quantised = linear._packed_params.dtype == torch.qint8
     reduce_range = not (linear.version is None or linear.version < 4)  # as DynamicLinear.forward

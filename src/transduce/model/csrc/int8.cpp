@@ -179,6 +179,26 @@ void check(const char* fn, const torch::Tensor& t, const char* name, at::ScalarT
               t.dim(), "-D ", t.scalar_type(), " on ", t.device());
 }
 
+// The optional bias's data, checked to be (N,) float32 and contiguous; nullptr where there is none.
+const float* bias_data(const char* fn, const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  check(fn, *bias, "bias", at::kFloat, 1);
+  TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, fn, ": bias must be contiguous (", N, ",)");
+  return bias->data_ptr<float>();
+}
+
+// The optional residual's data, checked to be (M, N) float32 with dense rows, and its row stride; nullptr where
+// there is none.
+const float* residual_data(const char* fn, const c10::optional<torch::Tensor>& residual, int64_t M, int64_t N,
+                           int64_t* row) {
+  if (!residual.has_value() || !residual->defined()) return nullptr;
+  check(fn, *residual, "residual", at::kFloat, 2);
+  TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1, fn,
+              ": residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
+  *row = residual->stride(0);
+  return residual->data_ptr<float>();
+}
+
 }  // namespace
 
 // x: (M, K) float32 with dense rows; weight: (Nv, Kq, 64) int8 from pack_weight; scales: (Nv * 16,) float32;
@@ -202,21 +222,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, c
   TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
                   sums.size(0) == Nv * kLanes,
               "int8_linear: scales and sums must be contiguous (", Nv * kLanes, ",)");
-  const float* bd = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    check("int8_linear", *bias, "bias", at::kFloat, 1);
-    TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, "int8_linear: bias must be contiguous (", N, ",)");
-    bd = bias->data_ptr<float>();
-  }
-  const float* rd = nullptr;
+  const float* bd = bias_data("int8_linear", bias, N);
   int64_t res_row = 0;
-  if (residual.has_value() && residual->defined()) {
-    check("int8_linear", *residual, "residual", at::kFloat, 2);
-    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
-                "int8_linear: residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
-    rd = residual->data_ptr<float>();
-    res_row = residual->stride(0);
-  }
+  const float* rd = residual_data("int8_linear", residual, M, N, &res_row);
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   std::vector<uint8_t> xq(static_cast<size_t>(M * Kp), 0);
@@ -278,21 +286,9 @@ torch::Tensor int8_rescale(torch::Tensor acc, const torch::Tensor& s, const torc
   TORCH_CHECK(acc.is_contiguous() && s.size(0) == M && z.size(0) == M && wz.size(0) == N && s.is_contiguous() &&
                   z.is_contiguous() && wz.is_contiguous(),
               "int8_rescale: acc (", M, ", ", N, ") contiguous, s and z (", M, ",), wz (", N, ",)");
-  const float* bd = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    check("int8_rescale", *bias, "bias", at::kFloat, 1);
-    TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, "int8_rescale: bias must be contiguous (", N, ",)");
-    bd = bias->data_ptr<float>();
-  }
-  const float* rd = nullptr;
+  const float* bd = bias_data("int8_rescale", bias, N);
   int64_t res_row = 0;
-  if (residual.has_value() && residual->defined()) {
-    check("int8_rescale", *residual, "residual", at::kFloat, 2);
-    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
-                "int8_rescale: residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
-    rd = residual->data_ptr<float>();
-    res_row = residual->stride(0);
-  }
+  const float* rd = residual_data("int8_rescale", residual, M, N, &res_row);
   float* y = acc.data_ptr<float>();
   const float *sd = s.data_ptr<float>(), *zd = z.data_ptr<float>(), *wzd = wz.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
