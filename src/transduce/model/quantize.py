@@ -154,7 +154,6 @@ class AmxInt8:
     scales: Tensor  # (N,) float32: each output channel's scale
     zeros: Tensor  # (N,) int64: the weight's zero points (all 0)
     wz: Tensor  # (N,) float32: scale[n] * sum_k wq[n, k], for the inputs' zero points
-    bias: Tensor | None  # (N,) float32
     source: object  # the layer's packed parameters this was made from
 
 
@@ -168,14 +167,15 @@ def amx_int8_available() -> bool:
 
 
 def amx_weight(weight: Tensor, scales: Tensor, bias: Tensor | None = None, source: object = None) -> AmxInt8:
-    """An int8 weight (N, K) with one scale per output channel (N,) as oneDNN's int8 linear operation takes it."""
+    """An int8 weight (N, K) with one scale per output channel (N,) as oneDNN's int8 linear operation takes it. The
+    bias is not kept: ``int8_rescale`` adds the one the VNNI kernel's copy holds (:func:`int8_function`)."""
+    del bias
     scales = scales.float().contiguous()
     return AmxInt8(
         weight=torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
         scales=scales,
         zeros=torch.zeros(weight.shape[0], dtype=torch.int64),
         wz=(scales * weight.sum(1, dtype=torch.int32).float()).contiguous(),
-        bias=None if bias is None else bias.detach().float().contiguous(),
         source=source,
     )
 
