@@ -27,22 +27,25 @@ AMX_INTEL = fastpaths.CpuFeatures(INTEL, "AVX512", True, True, True, True)  # Sa
 
 
 @pytest.mark.parametrize(
-    "cpu, kind, onednn_layers, int8_min_weights, precision",
-    [(AVX2_INTEL, "AVX2", False, 1 << 16, "fp32"),
-     (AVX2_AMD, "AVX2", False, 1 << 16, "fp32"),
-     (AVX512_INTEL, "AVX512", False, 0, "fp32"),
-     (BF16_AMD, "AVX512-BF16", True, 0, "fp32"),
-     (AMX_INTEL, "AMX", False, 0, "bf16")],
+    "cpu, kind, onednn_layers, transposed, int8_min_weights, precision",
+    [(AVX2_INTEL, "AVX2", False, False, 1 << 16, "fp32"),
+     (AVX2_AMD, "AVX2", False, False, 1 << 16, "fp32"),
+     (AVX512_INTEL, "AVX512", False, True, 0, "fp32"),
+     (BF16_AMD, "AVX512-BF16", True, False, 0, "fp32"),
+     (AMX_INTEL, "AMX", False, True, 0, "bf16")],
 )  # fmt: skip
 def test_the_cpu_kind_drives_the_fast_paths_and_the_decoding_precision(
-    monkeypatch, cpu, kind, onednn_layers, int8_min_weights, precision
+    monkeypatch, cpu, kind, onednn_layers, transposed, int8_min_weights, precision
 ):
-    """oneDNN for every fp32 layer only on AMD with AVX-512 (MKL stops at AVX2 there); int8 for every layer where
+    """oneDNN for every fp32 layer only on AMD with AVX-512 (MKL stops at AVX2 there); transposed weight copies
+    (MKL's plain product) instead of oneDNN's packed output layer on Intel with AVX-512; int8 for every layer where
     there is VNNI; bf16 decoding under ``auto`` only with AMX (and oneDNN)."""
     monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
     assert cpu.kind == kind
     paths = fastpaths.FastPaths()
     assert paths.onednn_layers is (onednn_layers and fastpaths.onednn_available())
+    assert paths.transposed_weights is transposed
+    assert paths.onednn is (not transposed and fastpaths.onednn_available())
     assert paths.int8_min_weights == int8_min_weights
     assert fastpaths.decode_precision()[0] == (precision if fastpaths.onednn_available() else "fp32")
     assert fastpaths.decode_precision(cpu) == fastpaths.decode_precision()
@@ -109,7 +112,7 @@ def test_bf16_products_copies_the_model_and_leaves_the_rest_float32():
     from transduce import ModelConfig, Transformer
 
     model = Transformer(ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=40)).eval()
-    fast = bf16.bf16_products(model)
+    fast = bf16.bf16_products(model, min_weights=0)
     linears = [m for m in fast.modules() if type(m) is bf16.BF16Linear]
     assert linears and not any(type(m) is nn.Linear for m in fast.modules())
     assert all(m.weight.dtype == torch.bfloat16 for m in linears)
@@ -123,6 +126,32 @@ def test_bf16_products_copies_the_model_and_leaves_the_rest_float32():
         torch.testing.assert_close(again.encode(src).states, fast.encode(src).states)
 
 
+def test_bf16_products_leave_layers_below_the_size_in_float32():
+    """Layers with fewer than ``min_weights`` weights stay ``nn.Linear`` in float32 (the setting's default applies
+    when none is given); the mixed model decodes as the all-bf16 and the float32 ones do, to bf16 rounding."""
+    torch.manual_seed(0)
+    from transduce import ModelConfig, Transformer
+
+    config = ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=300, share_vocab=False, tie_output=False)
+    model = Transformer(config).eval()
+    sizes = sorted({m.weight.numel() for m in model.modules() if type(m) is nn.Linear})
+    bound = sizes[-1]  # only the largest layers (the pre-softmax projection) get bf16 products
+    mixed = bf16.bf16_products(model, min_weights=bound)
+    with fastpaths.override(bf16_min_weights=bound):
+        assert [type(m) for m in bf16.bf16_products(model).modules()] == [type(m) for m in mixed.modules()]
+    for name, m in mixed.named_modules():
+        if type(m) in (nn.Linear, bf16.BF16Linear):
+            assert (type(m) is bf16.BF16Linear) == (m.weight.numel() >= bound), name
+    assert type(mixed.output) is bf16.BF16Linear
+    assert all(m.weight.dtype == torch.float32 for m in mixed.modules() if type(m) is nn.Linear)
+    src, tgt = torch.randint(4, 40, (2, 5)), torch.randint(4, 300, (2, 6))
+    with torch.inference_mode():
+        exact, some = model(src, tgt), mixed(src, tgt)
+        torch.testing.assert_close(some, exact, atol=0.05, rtol=0.05)
+        every = bf16.bf16_products(model, min_weights=0)(src, tgt)
+    assert (some - exact).abs().max() < (every - exact).abs().max()  # fewer layers rounded: closer to float32
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # translations
 
@@ -133,7 +162,8 @@ def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkp
     AVX-512 or a build without the kernels), and the n-best scores stay close."""
     sentences = copy_sentences(24, seed=5)
     fp32 = Translator.load(copy_checkpoint, precision="fp32")
-    half = Translator.load(copy_checkpoint, precision="bf16")
+    with fastpaths.override(bf16_min_weights=0):  # every layer (the copy model's are small)
+        half = Translator.load(copy_checkpoint, precision="bf16")
     assert half.precision == "bf16" and any(type(m) is bf16.BF16Linear for m in half.model.modules())
     with one_thread():
         expected = fp32.translate(sentences, beam=4), fp32.translate(sentences, beam=1)
@@ -149,6 +179,7 @@ def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkp
 @pytest.mark.parametrize("cpu, expected", [(AMX_INTEL, "bf16"), (BF16_AMD, "fp32"), (AVX2_INTEL, "fp32")])
 def test_auto_precision_follows_the_cpu_and_says_so_once(monkeypatch, caplog, copy_checkpoint: Path, cpu, expected):
     monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
+    monkeypatch.setattr(fastpaths.settings, "bf16_min_weights", 0)  # every layer (the copy model's are small)
     monkeypatch.setattr("transduce.search.translator._SAID", set())
     expected = expected if fastpaths.onednn_available() else "fp32"
     with caplog.at_level(logging.INFO, logger="transduce.search.translator"):

@@ -243,6 +243,8 @@ def _search_like_steps(model: Transformer) -> tuple[list[Tensor], DecoderCache]:
         {"norm": "pre", "bias": False, "onednn_layers": True},
         {"norm": "pre", "attention_kernel": False},
         {"norm": "post", "by_position": False},
+        {"norm": "pre", "transposed": True},
+        {"norm": "post", "transposed": False},
     ],
 )  # fmt: skip
 def test_decoding_step_function_equals_the_modules(monkeypatch, options):
@@ -254,6 +256,8 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     monkeypatch.setattr(fastpaths.settings, "kernels", options.pop("attention_kernel", fastpaths.settings.kernels))
     by_position = options.pop("by_position", True)
     monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 0 if by_position else 10**9)
+    transposed = options.pop("transposed", fastpaths.settings.transposed_weights)
+    monkeypatch.setattr(fastpaths.settings, "transposed_weights", transposed)
     if onednn_layers and not fastpaths.onednn_available():
         pytest.skip(ONEDNN_REASON)
     model = make(**options)
@@ -690,14 +694,28 @@ def test_seeded_initialisation_is_reproducible_across_processes():
 ONEDNN_REASON = "this torch build has no oneDNN linear"
 
 
-@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
-def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
+COPIES = {"packed": "_PACKED", "transposed": "_TRANSPOSED"}  # a route's copies of the weights, in model/packed.py
+
+
+@pytest.fixture(params=list(COPIES))
+def copies(request, monkeypatch) -> dict:
+    """Inference products through one of the two routes that keep a copy of each weight: oneDNN's packed weight
+    (``onednn``) or MKL's plain product with a transposed copy (``transposed_weights``); the route's store of
+    copies."""
+    if request.param == "packed" and not fastpaths.onednn_available():
+        pytest.skip(ONEDNN_REASON)
+    monkeypatch.setattr(fastpaths.settings, "onednn", request.param == "packed")
+    monkeypatch.setattr(fastpaths.settings, "transposed_weights", request.param == "transposed")
+    return getattr(packed_module, COPIES[request.param])
+
+
+def test_projection_through_a_weight_copy_equals_linear_and_follows_weight_changes(copies):
     torch.manual_seed(0)
     lin = nn.Linear(16, 50).eval()
     x = torch.randn(3, 5, 16)
     with torch.inference_mode():
         out = packed_module.project(lin, x, output=True)
-        assert id(lin.weight) in packed_module._PACKED  # the packed path was taken
+        assert id(lin.weight) in copies  # the route was taken
         torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(
             packed_module.project(lin, x[:, 0], output=True), F.linear(x[:, 0], lin.weight, lin.bias)
@@ -706,7 +724,7 @@ def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
         torch.testing.assert_close(relu, F.relu(F.linear(x, lin.weight, lin.bias)), atol=1e-5, rtol=1e-5)
         assert bool(relu.eq(0).any()) and bool(relu.ge(0).all())
     with torch.no_grad():
-        lin.weight.mul_(-2.0)  # an in-place update (as the optimizer makes) must not leave a stale packed copy
+        lin.weight.mul_(-2.0)  # an in-place update (as the optimizer makes) must not leave a stale copy
         torch.testing.assert_close(packed_module.project(lin, x, output=True), F.linear(x, lin.weight, lin.bias))
     y = packed_module.project(lin, x, "relu", output=True)  # with autograd: the plain linear, so that gradients flow
     torch.testing.assert_close(y, F.relu(F.linear(x, lin.weight, lin.bias)))
@@ -714,24 +732,41 @@ def test_projection_through_onednn_equals_linear_and_follows_weight_changes():
     assert lin.weight.grad is not None
     wid = id(lin.weight)
     del lin, y
-    assert wid not in packed_module._PACKED  # the packed copy goes with its weight
+    assert wid not in copies  # the copy goes with its weight
 
 
-@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
-def test_a_model_made_in_inference_mode_decodes_through_packed_weights(monkeypatch):
-    """Inference tensors have no version counter: the packed copy is keyed on the data pointer alone."""
+def test_a_model_made_in_inference_mode_decodes_through_weight_copies(monkeypatch, copies):
+    """Inference tensors have no version counter: the copy is keyed on the data pointer alone."""
     src, tgt = batch()
     with torch.inference_mode():
         model = make(norm="pre")
         fast = model(src, tgt)
-        assert id(model.output.weight) in packed_module._PACKED
+        assert id(model.output.weight) in copies
         monkeypatch.setattr(fastpaths.settings, "onednn", False)
+        monkeypatch.setattr(fastpaths.settings, "transposed_weights", False)
         plain = model(src, tgt)
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
 
 
+def test_transposed_copies_serve_every_inference_layer_and_go_at_a_switch_of_mode(monkeypatch):
+    """With transposed_weights and not onednn, every linear layer's inference product uses a transposed copy
+    (oneDNN's packed copies, by contrast, serve only the output layer unless onednn_layers: the test below); a
+    switch between training and evaluation mode drops them."""
+    monkeypatch.setattr(fastpaths.settings, "onednn", False)
+    monkeypatch.setattr(fastpaths.settings, "transposed_weights", True)
+    model = make(norm="pre", tie_output=False)
+    src, tgt = batch()
+    linears = {id(m.weight) for m in model.modules() if type(m) is nn.Linear}
+    with torch.inference_mode():
+        model(src, tgt)
+        assert linears <= set(packed_module._TRANSPOSED)
+        model.train().eval()
+        assert not linears & set(packed_module._TRANSPOSED)
+
+
 @pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
 def test_inference_packs_only_the_output_layer_unless_all_layers_are_asked_for(monkeypatch):
+    monkeypatch.setattr(fastpaths.settings, "onednn", True)
     model = make(norm="pre", tie_output=False)
     src, tgt = batch()
     linears = {id(m.weight) for m in model.modules() if type(m) is nn.Linear}
@@ -748,21 +783,20 @@ def test_inference_packs_only_the_output_layer_unless_all_layers_are_asked_for(m
     assert linears & set(packed_module._PACKED) == {id(model.output.weight)}
 
 
-@pytest.mark.skipif(not fastpaths.onednn_available(), reason=ONEDNN_REASON)
-def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypatch):
-    """Fused Adam writes the weights without moving their version counters: packed copies exist only in eval
+def test_a_fused_optimizer_update_does_not_leave_a_stale_weight_copy(monkeypatch, copies):
+    """Fused Adam writes the weights without moving their version counters: weight copies exist only in eval
     mode and go at every switch of mode (validation switches to eval mode), so the update cannot be missed."""
     model = make(norm="pre", tie_output=False)
     src, tgt = batch()
     opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
     model.eval()
     with torch.no_grad():
-        before = model(src, tgt)  # packs the weights
-    assert id(model.output.weight) in packed_module._PACKED
+        before = model(src, tgt)  # copies the weights
+    assert id(model.output.weight) in copies
     model.train()
     with torch.no_grad():
         model(src, tgt)  # in training mode nothing is packed, even outside autograd
-    assert not set(packed_module._PACKED) & {id(p) for p in model.parameters()}
+    assert not set(copies) & {id(p) for p in model.parameters()}
     model(src, tgt).square().mean().backward()
     version = model.output.weight._version
     opt.step()
@@ -771,6 +805,7 @@ def test_a_fused_optimizer_update_does_not_leave_a_stale_packed_weight(monkeypat
     with torch.no_grad():
         logits = model(src, tgt)
         monkeypatch.setattr(fastpaths.settings, "onednn", False)
+        monkeypatch.setattr(fastpaths.settings, "transposed_weights", False)
         plain = model(src, tgt)
     assert not torch.allclose(logits, before, atol=1e-3)
     torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
@@ -811,6 +846,7 @@ def test_inference_attention_takes_the_kernel_only_for_an_exact_key_padding_mask
 def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
     """With oneDNN on for every layer, a product smaller than onednn_min_macs multiply-adds stays with F.linear
     (oneDNN's fixed cost per call loses there), in the modules and in the decoding step function alike."""
+    monkeypatch.setattr(fastpaths.settings, "onednn", True)
     monkeypatch.setattr(fastpaths.settings, "onednn_layers", True)
     monkeypatch.setattr(fastpaths.settings, "onednn_min_macs", 4 * 16 * 50)
     torch.manual_seed(0)
@@ -829,14 +865,17 @@ def test_only_products_of_onednn_size_take_the_onednn_path(monkeypatch):
             torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias) + residual)
 
 
-@pytest.mark.parametrize("layers", [True, False])
-def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch, layers):
+@pytest.mark.parametrize("layers, transposed", [(True, False), (False, False), (False, True), (True, True)])
+def test_decoding_logits_do_not_depend_on_the_projection_backend(monkeypatch, layers, transposed):
     model = make(norm="pre")
     src, tgt = batch()
+    monkeypatch.setattr(fastpaths.settings, "onednn", fastpaths.onednn_available())
     monkeypatch.setattr(fastpaths.settings, "onednn_layers", layers)
     monkeypatch.setattr(fastpaths.settings, "onednn_min_macs", 0)
+    monkeypatch.setattr(fastpaths.settings, "transposed_weights", transposed)
     with torch.inference_mode():
         fast, _ = model.decode(tgt, model.encode(src))
         monkeypatch.setattr(fastpaths.settings, "onednn", False)
+        monkeypatch.setattr(fastpaths.settings, "transposed_weights", False)
         plain, _ = model.decode(tgt, model.encode(src))
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)

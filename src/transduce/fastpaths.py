@@ -30,7 +30,12 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   to this many keys (``model/layers.py: explicit_attention``); 0: never. Fallback: SDPA's flash kernel (slower
   backward at translation lengths, memory linear in length).
 - ``onednn``: the pre-softmax projection through oneDNN with a packed weight (``model/packed.py``), where PyTorch
-  has oneDNN. Fallback: ``F.linear`` (MKL).
+  has oneDNN and ``transposed_weights`` is not measured faster. Fallback: ``F.linear`` (MKL).
+- ``transposed_weights``: float32 inference products that oneDNN does not take (the decoding step's layers, the
+  pre-softmax projection, the encoder's layers in eval mode) as MKL's plain product with a contiguous transposed
+  copy of the weight, kept while the weight is unchanged (``model/packed.py``, ``model/step.py``); on where PyTorch
+  uses AVX-512 on an Intel CPU. Costs a second copy of those weights while they are in use. Fallback:
+  ``F.linear``, MKL's product with the transposed view.
 - ``onednn_layers``, ``onednn_min_macs``: the other linear layers through oneDNN too (``model/packed.py``,
   ``model/step.py``), for products of at least ``onednn_min_macs`` multiply-adds; on where oneDNN's vectors are
   wider than MKL's (AVX-512 on an AMD CPU). Fallback: ``F.linear``.
@@ -46,6 +51,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
+- ``bf16_min_weights``: :func:`~transduce.model.bf16.bf16_products` gives bf16 products to the linear layers of at
+  least this many weights (2^17); smaller ones stay float32, where a bf16 product's fixed cost loses.
 - ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches
   (``search/common.py: gc_paused``), for at most ``pause_gc_limit_s`` while searches keep overlapping. Fallback:
   the collector runs as usual.
@@ -55,7 +62,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   shapes (a Multi30k training process held 4.4 GB after 300 updates instead of 1.3).
 
 The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
-``onednn_layers`` (:func:`onednn_beats_mkl`), ``int8_min_weights``, ``int8_amx`` and the precision ``auto`` decodes
+``onednn_layers`` (:func:`onednn_beats_mkl`), ``onednn`` and ``transposed_weights`` (:func:`transposed_beats_packed`),
+``int8_min_weights``, ``int8_amx`` and the precision ``auto`` decodes
 in (:func:`decode_precision`).
 
 Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
@@ -77,7 +85,7 @@ import torch
 
 __all__ = [
     "CpuFeatures", "FastPaths", "cpu_features", "cpu_vendor", "decode_precision", "onednn_available",
-    "onednn_beats_mkl", "override", "settings", "vnni_available",
+    "onednn_beats_mkl", "override", "settings", "transposed_beats_packed", "vnni_available",
 ]  # fmt: skip
 
 
@@ -158,6 +166,17 @@ def onednn_beats_mkl(cpu: CpuFeatures | None = None) -> bool:
     return cpu.capability == "AVX512" and cpu.vendor == "AuthenticAMD"
 
 
+def transposed_beats_packed(cpu: CpuFeatures | None = None) -> bool:
+    """Whether MKL's plain product with a transposed copy of each weight (``x @ W^T`` with ``W^T`` stored
+    contiguously, :func:`transduce.model.packed.transposed_weight`) beats both ``F.linear`` (MKL's product with the
+    transposed view) and oneDNN's packed weight on ``cpu`` (default: this one): PyTorch uses AVX-512 and the CPU is
+    Intel's. On a Xeon with AMX it ran decoding's products 1.1-1.7x faster than ``F.linear`` and the pre-softmax
+    projection 1.0-1.2x faster than oneDNN, and a `tiny` beam search 1.16x faster (docs/benchmarks.md). Elsewhere
+    unmeasured (on AMD, MKL's kernels stop at AVX2 and oneDNN's packed products win)."""
+    cpu = cpu_features() if cpu is None else cpu
+    return cpu.capability == "AVX512" and cpu.vendor == "GenuineIntel"
+
+
 def decode_precision(cpu: CpuFeatures | None = None) -> tuple[str, str]:
     """The precision ``auto`` decodes in on ``cpu`` (default: this one), and why: ``bf16`` (bf16 weights and
     products, the rest float32; :mod:`transduce.model.bf16`) where the CPU has AMX-BF16, else ``fp32``.
@@ -197,12 +216,16 @@ class FastPaths:
     # attention that autograd differentiates on the CPU as explicit products (model/layers.py) for at most this many
     # keys (SDPA's flash kernel above; the explicit products keep the (B, h, T, S) weights for the backward pass)
     explicit_attention_max_keys: int = 512
-    # the pre-softmax projection through oneDNN with a packed weight (model/packed.py)
-    onednn: bool = field(default_factory=onednn_available)
+    # the pre-softmax projection through oneDNN with a packed weight (model/packed.py); off where transposed_weights
+    # is measured faster
+    onednn: bool = field(default_factory=lambda: onednn_available() and not transposed_beats_packed())
     # every other linear layer through oneDNN too: faster than MKL where oneDNN has wider vectors, slower elsewhere
     onednn_layers: bool = field(default_factory=lambda: onednn_available() and onednn_beats_mkl())
     # ... for products of at least this many multiply-adds (oneDNN's fixed cost per call loses below)
     onednn_min_macs: int = 1 << 19
+    # float32 inference products with a contiguous transposed copy of each weight (MKL's plain product; model/packed.py,
+    # model/step.py) where oneDNN does not take them: faster than F.linear's transposed product on Intel with AVX-512
+    transposed_weights: bool = field(default_factory=transposed_beats_packed)
     # quantised layers through transduce's VNNI product (model/quantize.py); False: PyTorch's int8 operation
     int8_kernel: bool = True
     # quantize_int8 leaves linear layers with fewer weights in float32 (int8 is no faster for them without VNNI)
@@ -216,6 +239,9 @@ class FastPaths:
     int8_amx_min_rows: int = 96
     # bf16 linear layers (model/bf16.py) through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)
+    # bf16_products leaves linear layers with fewer weights in float32: oneDNN's fixed cost of 40-50 us a call loses
+    # to MKL's float32 product there (a `tiny` model's 128 x 384 layer: 0.24-0.55x at 8-32 rows, 1.2x at 128)
+    bf16_min_weights: int = 1 << 17
     # Python's cyclic garbage collector off during searches (search/common.py: gc_paused) ...
     pause_gc: bool = True
     # ... for at most this long while searches keep overlapping (a full collection then)

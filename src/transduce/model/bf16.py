@@ -1,7 +1,8 @@
 """bfloat16 matrix products for CPU inference: the linear layers' weights in bf16, everything else in float32.
 
-:func:`bf16_products` returns a copy of a model whose ``nn.Linear`` layers (the attention and feed-forward
-projections and the pre-softmax projection) are :class:`BF16Linear` layers: bf16 weights, each product's input
+:func:`bf16_products` returns a copy of a model whose larger ``nn.Linear`` layers (the attention and feed-forward
+projections and the pre-softmax projection of at least ``fastpaths.settings.bf16_min_weights`` weights) are
+:class:`BF16Linear` layers: bf16 weights, each product's input
 rounded to bf16, the sums accumulated in float32 and the output rounded to bf16 and handed on as float32. The rest
 of the model (embeddings, layer norms, attention, the search's log-probabilities) stays float32, so transduce's
 float32 kernels (``model/kernels.py``) keep running there. This is what ``precision="bf16"`` means for a
@@ -71,14 +72,16 @@ class BF16Linear(nn.Module):
         return new
 
 
-def bf16_products(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (in eval mode) whose ``nn.Linear`` layers are :class:`BF16Linear` layers (inference
-    only); the original is left as it is. A weight shared with an embedding (the tied pre-softmax projection)
+def bf16_products(model: nn.Module, min_weights: int | None = None) -> nn.Module:
+    """A copy of ``model`` (in eval mode) whose ``nn.Linear`` layers of at least ``min_weights`` weights (default:
+    ``fastpaths.settings.bf16_min_weights``) are :class:`BF16Linear` layers (inference only); smaller ones stay
+    float32. The original is left as it is. A weight shared with an embedding (the tied pre-softmax projection)
     stays float32 in the embedding and gets its own bf16 copy in the projection."""
     m = copy.deepcopy(model).eval()
+    min_weights = fastpaths.settings.bf16_min_weights if min_weights is None else min_weights
     for module in list(m.modules()):
         for child_name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and child.weight.numel() >= min_weights:
                 setattr(module, child_name, BF16Linear(child))
     return m
 

@@ -40,10 +40,12 @@ Norm = Callable[[Tensor], Tensor]
 
 def _linear(lin: nn.Module, relu: bool = False) -> Linear:
     """``lin`` (followed by a ReLU when ``relu``) as a function of ``(x, residual=None)``: for a plain ``nn.Linear``
-    one ``addmm``, or oneDNN's product with the packed weight where ``fastpaths.settings.onednn_layers`` is
-    set and the product is large enough (:func:`~transduce.model.packed.onednn_size`); for a dynamically quantised
-    layer :func:`~transduce.model.quantize.int8_function` (transduce's VNNI product where it applies, else PyTorch's
-    int8 operation; ReLU and residual fused); any other layer through
+    one ``addmm`` (on a contiguous transposed copy of the weight with ``fastpaths.settings.transposed_weights``,
+    :func:`~transduce.model.packed.transposed_weight`), or oneDNN's product with the packed weight where
+    ``fastpaths.settings.onednn_layers`` is set and the product is large enough
+    (:func:`~transduce.model.packed.onednn_size`); for a bf16 layer oneDNN's bf16 product; for a dynamically
+    quantised layer :func:`~transduce.model.quantize.int8_function` (transduce's VNNI product where it applies,
+    else PyTorch's int8 operation; ReLU and residual fused); any other layer through
     :func:`~transduce.model.packed.project`, as in the modules."""
     quantised = _int8_linear(lin, relu)
     if quantised is not None:
@@ -58,7 +60,9 @@ def _linear(lin: nn.Module, relu: bool = False) -> Linear:
             return y if residual is None else residual + y  # (an unknown layer's output may not be its own)
 
         return call
-    w, b, outputs = lin.weight.t(), lin.bias, lin.out_features
+    b, outputs = lin.bias, lin.out_features
+    # MKL's plain product with a transposed copy of the weight where that is faster (fastpaths.transposed_weights)
+    w = packed.transposed_weight(lin.weight) if fastpaths.settings.transposed_weights else lin.weight.t()
 
     def addmm(x: Tensor, residual: Tensor | None = None) -> Tensor:
         if fastpaths.settings.onednn_layers and packed.onednn_size(x, outputs):
