@@ -15,7 +15,9 @@ BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``to
 
 Variants of transduce's fast paths, for comparisons on one CPU (not in the default list): ``ours-onednn-layers``
 (fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``),
-``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off) and ``ours-int8-vnni`` (int8 through
+``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off), ``ours-linear-early`` (fp32 through
+``F.linear`` with oneDNN's packed output layer, without transposed weight copies), ``ours-bf16-all-early`` (bf16
+products for every layer, whatever its size) and ``ours-int8-vnni`` (int8 through
 transduce's VNNI kernel alone, without oneDNN's AMX products where the CPU has them); ``ours-bf16-early`` and
 ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
 
@@ -198,13 +200,20 @@ def main() -> None:
     # bf16 products, the rest float32 (model/bf16.py)
     if {"ours-bf16", "ours-bf16-early", "ours-bf16-fallback"} & set(wanted):
         bf16 = Translator(translator.model, tok, translator.decode, precision="bf16")
+    bf16_all = None
+    if "ours-bf16-all-early" in wanted:  # bf16 products for every linear layer, whatever its size
+        with fastpaths.override(bf16_min_weights=0):
+            bf16_all = Translator(translator.model, tok, translator.decode, precision="bf16")
     cast = None
     if "ours-bf16-cast" in wanted:  # the whole model in bf16 (what precision bf16 means on a GPU)
         cast = Translator(copy.deepcopy(translator.model).to(torch.bfloat16), tok, translator.decode)
+    linear_paths = {"transposed_weights": False, "onednn": fastpaths.onednn_available()}  # no transposed copies
     for name, tr, label, early, paths in [
         ("ours", translator, "transduce fp32", False, None),
         ("ours-early", translator, "transduce fp32, early stopping", True, None),
         ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
+        ("ours-linear-early", translator, "transduce fp32, F.linear, early stopping", True, linear_paths),
+        ("ours-bf16-all-early", bf16_all, "transduce bf16 for every layer, early stopping", True, None),
         ("ours-bf16", bf16, "transduce bf16", False, None),
         ("ours-bf16-early", bf16, "transduce bf16, early stopping", True, None),
         ("ours-bf16-fallback", bf16, "transduce bf16, F.linear products", False, {"bf16_onednn": False}),

@@ -1,5 +1,7 @@
-"""The linear layers of a decoding step, through MKL's BLAS (``F.linear``), through oneDNN with the weight packed
-once (``transduce.model.packed.project``), with bf16 weights and products (``transduce.model.bf16``: float32 in
+"""The linear layers of a decoding step, through MKL's BLAS (``F.linear``), through MKL's plain product with a
+contiguous transposed copy of the weight (``transduce.model.packed.transposed_weight``, what
+``fastpaths.settings.transposed_weights`` decodes with), through oneDNN with the weight packed once
+(``transduce.model.packed.project``), with bf16 weights and products (``transduce.model.bf16``: float32 in
 and out, as ``--precision bf16`` decodes on the CPU) and with dynamic int8 quantisation
 (``transduce.model.quantize``, every layer whatever its size) through PyTorch's operation (fbgemm), through
 transduce's VNNI kernel (where the CPU has AVX512-VNNI) and through the kernel's quantisation with oneDNN's int8
@@ -70,8 +72,8 @@ def main() -> None:
     print(f"preset {args.preset} (d_model {d}, d_ff {f}); median of {args.reps}\n")
     vnni = hasattr(kernels.compiled(), "int8_linear")
     amx = vnni and amx_int8_available()
-    header = ["layer", "rows", "F.linear, us", "GFLOP/s", "oneDNN packed, us", "speed-up", "bf16, us", "speed-up",
-              "fbgemm int8, us", "speed-up"]  # fmt: skip
+    header = ["layer", "rows", "F.linear, us", "GFLOP/s", "transposed copy, us", "speed-up", "oneDNN packed, us",
+              "speed-up", "bf16, us", "speed-up", "fbgemm int8, us", "speed-up"]  # fmt: skip
     header += ["transduce int8, us", "speed-up", "vs fbgemm"] if vnni else []
     header += ["int8 oneDNN/AMX sums, us", "vs transduce int8"] if amx else []
     rows_out = []
@@ -88,6 +90,10 @@ def main() -> None:
                     y = F.linear(x, lin.weight, lin.bias)
                     return F.relu(y) if act else y
 
+                def transposed(lin=lin, x=x, act=act):
+                    y = torch.addmm(lin.bias, x.view(-1, lin.in_features), packed.transposed_weight(lin.weight))
+                    return F.relu(y) if act else y
+
                 def onednn(lin=lin, x=x, act=act):
                     return packed.project(lin, x, act, output=True)  # (output=True: oneDNN for any layer)
 
@@ -96,8 +102,9 @@ def main() -> None:
                     return F.relu(y) if act else y
 
                 torch.testing.assert_close(onednn(), plain(), atol=1e-4, rtol=1e-4)
-                fns = [plain, onednn, functools.partial(half, x.view(rows, n_in)), dynamic_int8]
-                torch.testing.assert_close(fns[2]()[:, None], plain(), atol=0.1, rtol=0.05)
+                torch.testing.assert_close(transposed()[:, None], plain(), atol=1e-4, rtol=1e-4)
+                fns = [plain, transposed, onednn, functools.partial(half, x.view(rows, n_in)), dynamic_int8]
+                torch.testing.assert_close(fns[3]()[:, None], plain(), atol=0.1, rtol=0.05)
                 if vnni:
                     with fastpaths.override(int8_amx=False):
                         fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
@@ -109,15 +116,16 @@ def main() -> None:
                         fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
                     torch.testing.assert_close(fns[-1](), fns[-2](), atol=1e-4, rtol=1e-5)
                 times = per_call(fns, args.reps)
-                t_plain, t_packed, t_bf16, t_int8 = times[:4]
+                t_plain, t_transposed, t_packed, t_bf16, t_int8 = times[:5]
                 flop = 2 * rows * n_in * n_out
-                cells = [name, rows, f"{t_plain * 1e6:.1f}", f"{flop / t_plain / 1e9:.1f}", f"{t_packed * 1e6:.1f}",
-                         f"{t_plain / t_packed:.2f}x", f"{t_bf16 * 1e6:.1f}", f"{t_plain / t_bf16:.2f}x",
-                         f"{t_int8 * 1e6:.1f}", f"{t_plain / t_int8:.2f}x"]  # fmt: skip
+                cells = [name, rows, f"{t_plain * 1e6:.1f}", f"{flop / t_plain / 1e9:.1f}", f"{t_transposed * 1e6:.1f}",
+                         f"{t_plain / t_transposed:.2f}x", f"{t_packed * 1e6:.1f}", f"{t_plain / t_packed:.2f}x",
+                         f"{t_bf16 * 1e6:.1f}", f"{t_plain / t_bf16:.2f}x", f"{t_int8 * 1e6:.1f}",
+                         f"{t_plain / t_int8:.2f}x"]  # fmt: skip
                 if vnni:
-                    cells += [f"{times[4] * 1e6:.1f}", f"{t_plain / times[4]:.2f}x", f"{t_int8 / times[4]:.2f}x"]
+                    cells += [f"{times[5] * 1e6:.1f}", f"{t_plain / times[5]:.2f}x", f"{t_int8 / times[5]:.2f}x"]
                 if amx:
-                    cells += [f"{times[5] * 1e6:.1f}", f"{times[4] / times[5]:.2f}x"]
+                    cells += [f"{times[6] * 1e6:.1f}", f"{times[5] / times[6]:.2f}x"]
                 rows_out.append(cells)
     print(table(header, rows_out))
 

@@ -52,7 +52,7 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
 - ``bf16_min_weights``: :func:`~transduce.model.bf16.bf16_products` gives bf16 products to the linear layers of at
-  least this many weights (2^17); smaller ones stay float32, where a bf16 product's fixed cost loses.
+  least this many weights (2^16); smaller ones stay float32, where a bf16 product's fixed cost loses.
 - ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches
   (``search/common.py: gc_paused``), for at most ``pause_gc_limit_s`` while searches keep overlapping. Fallback:
   the collector runs as usual.
@@ -240,8 +240,9 @@ class FastPaths:
     # bf16 linear layers (model/bf16.py) through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)
     # bf16_products leaves linear layers with fewer weights in float32: oneDNN's fixed cost of 40-50 us a call loses
-    # to MKL's float32 product there (a `tiny` model's 128 x 384 layer: 0.24-0.55x at 8-32 rows, 1.2x at 128)
-    bf16_min_weights: int = 1 << 17
+    # to MKL's float32 product there (a `tiny` model's 128 x 384 layer: 0.50-0.78x at 8-32 rows; a 256 x 256 layer
+    # 1.20x at 32 rows already)
+    bf16_min_weights: int = 1 << 16
     # Python's cyclic garbage collector off during searches (search/common.py: gc_paused) ...
     pause_gc: bool = True
     # ... for at most this long while searches keep overlapping (a full collection then)
