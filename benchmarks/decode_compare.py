@@ -16,7 +16,8 @@ BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``to
 Variants of transduce's fast paths, for comparisons on one CPU (not in the default list): ``ours-onednn-layers``
 (fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``),
 ``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off), ``ours-linear-early`` (fp32 through
-``F.linear`` with oneDNN's packed output layer, without transposed weight copies), ``ours-bf16-all-early`` (bf16
+``F.linear`` with oneDNN's packed output layer, without transposed weight copies), ``ours-packed-output-early``
+(oneDNN's packed output layer, transposed copies for the other layers), ``ours-bf16-all-early`` (bf16
 products for every layer, whatever its size) and ``ours-int8-vnni`` (int8 through
 transduce's VNNI kernel alone, without oneDNN's AMX products where the CPU has them); ``ours-bf16-early`` and
 ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
@@ -208,11 +209,13 @@ def main() -> None:
     if "ours-bf16-cast" in wanted:  # the whole model in bf16 (what precision bf16 means on a GPU)
         cast = Translator(copy.deepcopy(translator.model).to(torch.bfloat16), tok, translator.decode)
     linear_paths = {"transposed_weights": False, "onednn": fastpaths.onednn_available()}  # no transposed copies
+    packed = {"onednn": fastpaths.onednn_available()}  # oneDNN's packed output layer, transposed copies elsewhere
     for name, tr, label, early, paths in [
         ("ours", translator, "transduce fp32", False, None),
         ("ours-early", translator, "transduce fp32, early stopping", True, None),
         ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
         ("ours-linear-early", translator, "transduce fp32, F.linear, early stopping", True, linear_paths),
+        ("ours-packed-output-early", translator, "transduce fp32, oneDNN output layer, early stopping", True, packed),
         ("ours-bf16-all-early", bf16_all, "transduce bf16 for every layer, early stopping", True, None),
         ("ours-bf16", bf16, "transduce bf16", False, None),
         ("ours-bf16-early", bf16, "transduce bf16, early stopping", True, None),
