@@ -1,4 +1,5 @@
-"""Linear layers through oneDNN with their weights kept in oneDNN's own layout, for float32 CPU inference.
+"""Linear layers through oneDNN with their weights kept in oneDNN's own layout, or through MKL with a transposed copy
+of their weights, for float32 CPU inference.
 
 Every ``nn.Linear`` of the model (the attention and feed-forward projections and the pre-softmax projection) goes
 through :func:`project`. For the pre-softmax projection in eval mode, outside autograd, on a float32 CPU tensor, it
@@ -22,16 +23,23 @@ oneDNN runs twice as fast once a product is large enough to pay for its fixed co
   32, 0.5-0.8x at 4-8 rows, break-even near 400,000 multiply-adds a call; 1.2x on a Multi30k beam search.
 
 So ``onednn_layers`` is on where PyTorch finds AVX-512 on an AMD CPU (on Intel, MKL's kernels use AVX-512 as well
-and the choice is unmeasured: it stays off), and even then a product of fewer than ``onednn_min_macs``
-multiply-adds (rows x inputs x outputs) stays with ``F.linear``.
+and oneDNN for every layer gave no steady gain: it stays off), and even then a product of fewer than
+``onednn_min_macs`` multiply-adds (rows x inputs x outputs) stays with ``F.linear``.
 
-A packed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the weight's version
-counter moves, which every in-place PyTorch operation does, but not fused optimizers
-(``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter alone). So packed copies
-are made only in eval mode, :class:`~transduce.model.Transformer` drops its own whenever it switches between
-training and evaluation mode, and the trainer bumps the counters after each update. Code that changes weights in
-eval mode without moving their counters must call :func:`forget_packed`; so must code that changes weights made in
-inference mode (``torch.inference_mode``), which have no version counter.
+On Intel with AVX-512 the faster way is MKL's product in its plain form, ``x @ Wt`` with ``Wt`` a contiguous
+(inputs x outputs) copy of the weight (:func:`transposed_weight`), rather than ``F.linear``'s ``x @ W^T`` on the
+transposed view: 1.0-1.9x per product on an Intel Xeon with AMX, and a `tiny` beam search 1.10-1.13x faster, also
+than with oneDNN's packed output layer (1.06-1.11x; docs/benchmarks.md). With
+``fastpaths.settings.transposed_weights`` (on there; then ``onednn`` is off by default) :func:`project` and the
+decoding step use the copy for every product that oneDNN does not take.
+
+A packed or transposed copy costs one more weight matrix of memory while it is in use. It is rebuilt when the
+weight's version counter moves, which every in-place PyTorch operation does, but not fused optimizers
+(``torch.optim.Adam(fused=True)`` writes the weights in a kernel that leaves the counter alone). So copies are made
+only in eval mode, :class:`~transduce.model.Transformer` drops its own whenever it switches between training and
+evaluation mode, and the trainer bumps the counters after each update. Code that changes weights in eval mode
+without moving their counters must call :func:`forget_packed`; so must code that changes weights made in inference
+mode (``torch.inference_mode``), which have no version counter.
 """
 
 from __future__ import annotations
