@@ -80,8 +80,9 @@ def _packed_weight(weight: Tensor) -> Tensor:
 
 def transposed_weight(weight: Tensor) -> Tensor:
     """``weight`` (N, K) as a contiguous (K, N) matrix, made once and kept while the weight is unchanged: ``x @
-    transposed_weight(W)`` is MKL's plain product, which on an Intel CPU with AVX-512 runs 1.1-1.7x faster than
-    the transposed one behind ``F.linear`` on decoding's shapes (``fastpaths.settings.transposed_weights``)."""
+    transposed_weight(W)`` is MKL's plain product, which on an Intel CPU with AVX-512 runs faster than the
+    transposed one behind ``F.linear`` on decoding's shapes (``fastpaths.settings.transposed_weights``; measured
+    per product in docs/benchmarks.md)."""
     return _copy(_TRANSPOSED, weight, lambda w: w.t().contiguous())
 
 
