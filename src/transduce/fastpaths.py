@@ -170,10 +170,8 @@ def transposed_beats_packed(cpu: CpuFeatures | None = None) -> bool:
     """Whether MKL's plain product with a transposed copy of each weight (``x @ W^T`` with ``W^T`` stored
     contiguously, :func:`transduce.model.packed.transposed_weight`) beats both ``F.linear`` (MKL's product with the
     transposed view) and oneDNN's packed weight on ``cpu`` (default: this one): PyTorch uses AVX-512 and the CPU is
-    Intel's. On a Xeon with AMX it ran decoding's products 1.0-1.9x faster than ``F.linear``, and a `tiny` beam
-    search 1.10-1.13x faster than ``F.linear`` with oneDNN's packed output layer and 1.06-1.11x faster than the
-    copies with oneDNN's output layer (docs/benchmarks.md). Elsewhere unmeasured (on AMD, MKL's kernels stop at AVX2
-    and oneDNN's packed products win)."""
+    Intel's, where it won on a Xeon with AMX (the figures: :mod:`transduce.model.packed` and docs/benchmarks.md).
+    Elsewhere unmeasured (on AMD, MKL's kernels stop at AVX2 and oneDNN's packed products win)."""
     cpu = cpu_features() if cpu is None else cpu
     return cpu.capability == "AVX512" and cpu.vendor == "GenuineIntel"
 
