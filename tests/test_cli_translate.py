@@ -246,7 +246,8 @@ def test_translate_reads_the_source_side_of_a_tsv_or_json_lines_corpus(checkpoin
     bad.write_text("a dog.\tein Hund.\nno tab here\n", encoding="utf-8")
     assert main([*model, "-i", str(bad)]) == 2
     assert capsys.readouterr().err == (
-        f"transduce translate: error: {bad}, line 2: expected source<TAB>target (one tab), found no tab\n"
+        f"transduce translate: error: {bad}, line 2: expected source<TAB>target (one tab), or "
+        "source<TAB>target<TAB>language (two), found no tab\n"
     )
 
 

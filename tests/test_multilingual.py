@@ -86,6 +86,24 @@ def test_two_and_three_letter_codes_map_to_the_token_the_vocabulary_holds():
         TargetLanguages({}).token_id("de")
 
 
+def test_a_script_or_region_matches_in_any_letter_case():
+    langs = TargetLanguages({">>pt_br<<": 5, ">>zho_Hant<<": 6, ">>deu<<": 7})  # as OPUS-MT's vocabularies spell them
+    assert [langs.token_id(c) for c in ("pt_BR", "pt_br", "por_BR", "zho_hant", "zh_Hant", "de")] == [5, 5, 5, 6, 6, 7]
+    assert langs.find("pt_PT") is None
+
+
+def test_a_language_that_is_neither_a_code_nor_a_list_is_refused_in_one_line():
+    with pytest.raises(LanguageError, match=r"^tgt_lang: expected a language code or a list of them, got int$"):
+        TargetLanguages({">>deu<<": 5}).token_ids(5, 2)
+
+
+def test_tokens_in_the_config_name_their_bare_codes():
+    assert DataConfig(tgt_langs=[">>deu<<", "fr"]).tgt_langs == ["deu", "fr"]
+    assert DecodeConfig(tgt_lang=">>fra<<").tgt_lang == "fra"
+    with pytest.raises(ConfigError, match=r"^tgt_langs\[1\]: 'fra' names the same language as 'fr'$"):
+        DataConfig(tgt_langs=["fr", ">>fra<<"])
+
+
 @pytest.fixture(scope="module")
 def tokenizer_with_tokens(tmp_path_factory) -> tuple[Tokenizer, Tokenizer]:
     root = tmp_path_factory.mktemp("tok")
@@ -152,7 +170,7 @@ def test_config_checks_the_languages():
 
 
 def data_config(train, **changes) -> DataConfig:
-    return DataConfig(train=train, tgt_langs=["de", "fr"], vocab_size=300, workers=1, **changes)
+    return DataConfig(**{"train": train, "tgt_langs": ["de", "fr"], "vocab_size": 300, "workers": 1, **changes})
 
 
 def test_a_prefix_reads_each_target_language_and_gives_each_source_its_token(tmp_path: Path):
@@ -210,6 +228,32 @@ def test_a_missing_unknown_or_malformed_language_names_the_line_and_writes_nothi
         prepare(data_config(str(tmp_path / name)), tmp_path / "prep")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "prep").exists() and [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_a_bad_byte_in_a_json_lines_language_names_the_line(tmp_path: Path):
+    (tmp_path / "train.jsonl").write_bytes(b'{"src": "a", "tgt": "a", "tgt_lang": "de"}\n'
+                                           b'{"src": "a", "tgt": "a", "tgt_lang": "f\xffr"}\n')  # fmt: skip
+    for skip in (False, True):
+        with pytest.raises(DataError, match=r"train.jsonl, line 2: .*(not a language code|UTF-8)") as info:
+            prepare(data_config(str(tmp_path / "train.jsonl"), skip_invalid_utf8=skip), tmp_path / "prep")
+        assert "\n" not in str(info.value) and not (tmp_path / "prep").exists()
+
+
+def test_a_prefix_finds_a_language_under_either_form_of_its_code(tmp_path: Path):
+    corpus = write_toy_corpus(tmp_path / "corpus", n_train=30, n_valid=5)
+    prepare(data_config(str(corpus / "train"), tgt_langs=["deu", "fra"]), tmp_path / "prep")  # train.de, train.fr
+    assert len(ParallelDataset(tmp_path / "prep", "train")) == 60
+    (corpus / "train.fra").write_text((corpus / "train.fr").read_text())
+    with pytest.raises(DataError, match=r"train.fra and .*train.fr both hold the target side for 'fra': keep one$"):
+        prepare(data_config(str(corpus / "train"), tgt_langs=["deu", "fra"]), tmp_path / "prep2")
+    with pytest.raises(DataError, match=r"train.it or .*train.ita: file not found \(nor with .gz\)"):
+        prepare(data_config(str(corpus / "train"), tgt_langs=["de", "it"]), tmp_path / "prep3")
+
+
+def test_the_length_ratio_filter_compares_the_texts_without_the_token(tmp_path: Path):
+    corpus = write_toy_corpus(tmp_path / "corpus", n_train=30, n_valid=5)  # every target as long as its source
+    prepare(data_config(str(corpus / "train"), max_len_ratio=1.0), tmp_path / "prep")
+    assert len(ParallelDataset(tmp_path / "prep", "train")) == 60
 
 
 def test_two_files_take_the_target_files_language(tmp_path: Path):
@@ -282,6 +326,13 @@ def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(toy_r
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
         assert not (tmp_path / "no.txt").exists()
+    # embed reads the sources as the encoder does without a token: no --tgt-lang asked (the API's vectors)
+    assert main(["embed", "--model", str(toy_run), "-i", str(tmp_path / "in.en"), "-o", str(tmp_path / "v.npy"),
+                 "--threads", "1"]) == 0  # fmt: skip
+    import numpy as np
+
+    api = Translator.load(toy_run).embed(src)
+    np.testing.assert_array_equal(np.load(tmp_path / "v.pooled.npy"), np.stack([v.pooled for v in api]))
     from transduce.commands.translate import check_target_language
 
     check_target_language(str(toy_run), None, required=False)  # serve starts: its requests name their language
@@ -310,6 +361,47 @@ def test_the_server_takes_tgt_lang_per_request(toy_run: Path):
         r = client.post("/attention", json={"sentence": src[0], "tgt_lang": "fr"})
         assert r.status_code == 200 and r.json()["translation"] == reverse(src[0])
         assert r.json()["src_pieces"][0] == ">>fra<<"
+
+
+@pytest.mark.slow
+def test_a_test_file_that_names_each_lines_language_is_translated_and_scored_per_line(toy_run, tmp_path, capsys):
+    src = (toy_run.parent / "corpus" / "train.en").read_text().splitlines()[:6]
+    langs = ["de", "fr", "fra", "de", "fr", "deu"]
+    refs = [s if lang.startswith("de") else reverse(s) for s, lang in zip(src, langs)]
+    (tmp_path / "mixed.tsv").write_text("".join(f"{s}\t{r}\t{lang}\n" for s, r, lang in zip(src, refs, langs)))
+    rows = [json.dumps({"src": s, "tgt": r, "tgt_lang": lang}) for s, r, lang in zip(src, refs, langs)]
+    (tmp_path / "mixed.jsonl").write_text("\n".join(rows) + "\n")
+    model = ["--model", str(toy_run), "--threads", "1"]
+    for name in ("mixed.tsv", "mixed.jsonl"):
+        out = tmp_path / f"{name}.out"
+        assert main(["translate", *model, "-i", str(tmp_path / name), "-o", str(out)]) == 0
+        assert out.read_text().splitlines() == refs
+        capsys.readouterr()
+        assert main(["evaluate", *model, "--src", str(tmp_path / name), "--json", "-q"]) == 0
+        assert json.loads(capsys.readouterr().out)["chrf"] == 100.0  # (2-3 words: no 4-grams for BLEU)
+    bad = [
+        ("it.tsv", f"{src[0]}\t{refs[0]}\tde\n{src[1]}\t{refs[1]}\tit\n", [],
+         "it.tsv, line 2: 'it' is not a target language of this model (it knows: deu, fra)"),
+        ("two.tsv", f"{src[0]}\t{refs[0]}\tde\n{src[1]}\t{refs[1]}\n", [],
+         "two.tsv, line 2: no target language (a third column) where line 1 names one: name every line's target "
+         "language or none"),
+        ("mixed.tsv", None, ["--tgt-lang", "fr"], "mixed.tsv, line 1: the line's target language 'de' is not "
+         "--tgt-lang 'fr'; leave --tgt-lang out to translate each line into the language it names"),
+    ]  # fmt: skip
+    for name, content, extra, message in bad:
+        if content is not None:
+            (tmp_path / name).write_text(content)
+        for command in (["translate", *model, "-i"], ["evaluate", *model, "--src"]):
+            out = tmp_path / "none.txt"
+            assert main([*command, str(tmp_path / name), *extra, "-o", str(out)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].endswith(message), err
+            assert not out.exists()
+    (tmp_path / "hyp.txt").write_text("\n".join(refs) + "\n")
+    assert main(["evaluate", "--hyp", str(tmp_path / "hyp.txt"), "--ref", str(tmp_path / "hyp.txt"), "--tgt-lang",
+                 "fr"]) == 2  # fmt: skip
+    assert capsys.readouterr().err.strip().endswith("--tgt-lang applies to translating --src; with --hyp nothing is "
+                                                    "translated")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -346,6 +438,20 @@ def test_fine_tuning_adds_the_tokens_initialised_as_extension_initialises_pieces
         assert len(tr.translate(["red cat"], tgt_lang="cs")) == 1
     with pytest.raises(LanguageError, match="it knows: deu, ces"):
         tr.translate(["red cat"], tgt_lang="fr")
+
+
+def test_fine_tuning_a_multilingual_model_without_its_languages_is_refused(toy_run: Path, tmp_path: Path):
+    from transduce.training.finetune import FinetuneError
+
+    corpus = write_toy_corpus(tmp_path / "corpus", n_train=30, n_valid=5)
+    config = Config(
+        model=ModelConfig(dropout=0.0), data=DataConfig(train=str(corpus / "train"), workers=1),
+        train=toy_config(corpus, tmp_path / "run").train.replace(init_from=str(toy_run), max_steps=0, valid_bleu=False),
+    )  # fmt: skip
+    with pytest.raises(FinetuneError, match=r"writes 2 target languages \(deu, fra\) and is told which by a token: "
+                                            r"set data.tgt_langs"):  # fmt: skip
+        train(config)
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -435,14 +435,17 @@ class DataConfig(_Section):
         if "" in self.lang_field.split("."):
             raise ConfigError(f"lang_field: must name a field (a, or a.b for a nested one), got {self.lang_field!r}")
         seen: dict[str, str] = {}
-        for i, code in enumerate(self.tgt_langs):
+        bare_codes = []
+        for i, given in enumerate(self.tgt_langs):
             try:
-                check_code(code, f"tgt_langs[{i}]")
+                code = check_code(given, f"tgt_langs[{i}]")  # a token (>>fra<<) names its bare code
             except LanguageError as e:
                 raise ConfigError(str(e)) from None
+            bare_codes.append(code)
             if canonical(code) in seen:
                 raise ConfigError(f"tgt_langs[{i}]: {code!r} names the same language as {seen[canonical(code)]!r}")
             seen[canonical(code)] = code
+        self.tgt_langs = bare_codes
         if self.tgt_langs and self.task != "translate":
             raise ConfigError(f"tgt_langs: for data.task: translate, not {self.task}; leave it out")
 
@@ -600,7 +603,7 @@ class DecodeConfig(_Section):
     def __post_init__(self) -> None:
         if self.tgt_lang:
             try:
-                check_code(self.tgt_lang, "tgt_lang")
+                self.tgt_lang = check_code(self.tgt_lang, "tgt_lang")
             except LanguageError as e:
                 raise ConfigError(str(e)) from None
         for name in ("beam", "nbest", "max_tokens", "temperature"):

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     check_input(args.input, replace_invalid=args.replace_invalid, what="embed", hint=INVALID_HINT)
     check_corpus_side(args.input, "source", args.src_field)
     fmt = output_format(args)
-    translator = load_translator(args)
+    translator = load_translator(args, language_required=False)  # the encoder reads sources without a token
     case = args.input_case or translator.decode.input_case
     errors = "replace" if args.replace_invalid else "strict"
     lines = read_side(args.input, "source", args.src_field, errors=errors, hint=INVALID_HINT)

@@ -30,7 +30,13 @@ import logging
 
 from transduce.commands.classify import add_input_form_arguments
 from transduce.commands.options import add_output_argument, check_file_output, hidden_alias
-from transduce.commands.translate import add_model_arguments, check_field, decode_config, load_translator
+from transduce.commands.translate import (
+    add_model_arguments,
+    check_field,
+    decode_config,
+    line_languages,
+    load_translator,
+)
 from transduce.errors import TransduceError
 from transduce.files import Files, write_text
 
@@ -65,11 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--label-field", metavar="NAME", help="JSON Lines: the label (default: the run's data.label_field)")
 
 
+INVALID_HINT = "every file scored or translated must be UTF-8"
+
+
 def _read(path: str, side: str = "target", field: str | None = None) -> list[str]:
     """The lines of a text file, or one side of a TSV or JSON Lines file (see transduce.data.corpus.read_side)."""
     from transduce.data.corpus import read_side
 
-    return [text for _, text in read_side(path, side, field, hint="every file scored or translated must be UTF-8")]
+    return [text for _, text in read_side(path, side, field, hint=INVALID_HINT)]
 
 
 def _references(args: argparse.Namespace) -> str:
@@ -98,6 +107,7 @@ def _references(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from transduce.data.corpus import read_side
     from transduce.search.evaluate import LengthMismatchError, score, score_tokenized_lowercase, tokenized_evidence
     from transduce.transfer.classify import is_classifier
 
@@ -110,6 +120,13 @@ def run(args: argparse.Namespace) -> int:
         raise TransduceError("give exactly one of --src (with --model) and --hyp")
     if args.hyp is not None and args.output:
         raise TransduceError("-o/--output writes the translations of --src; with --hyp nothing is translated")
+    if args.hyp is not None:  # the search's options mean nothing for a file of translations
+        from transduce.commands.translate import _DECODE_OPTIONS
+
+        unused = [o for o in _DECODE_OPTIONS if getattr(args, o, None) not in (None, False)]
+        if unused:
+            option = "--" + unused[0].replace("_", "-")
+            raise TransduceError(f"{option} applies to translating --src; with --hyp nothing is translated")
     check_file_output(args.output, "-o/--output")
     ref = _references(args)
     references = _read(ref, "target", args.tgt_field)
@@ -125,12 +142,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.model is None:
             raise TransduceError("--src needs --model")
-        sources = _read(args.src, "source", args.src_field)
+        sources = list(read_side(args.src, "source", args.src_field, hint=INVALID_HINT))
         if len(sources) != len(references):  # fail before spending time translating
             raise LengthMismatchError(len(sources), len(references), f"{args.src} vs {ref}", what="source lines")
-        translator = load_translator(args)
+        langs = line_languages(args.src, args.model[0], args.tgt_lang)  # a multilingual test file's, per line
+        translator = load_translator(args, language_required=not langs)
         cfg = decode_config(args, translator.decode)
-        hypotheses = [ts[0].text for ts in translator.translate_lines(enumerate(sources, start=1), cfg)]
+        lines = [(n, text, langs[n]) for n, text in sources] if langs else sources
+        hypotheses = [ts[0].text for ts in translator.translate_lines(lines, cfg)]
         if args.output:
             write_text(args.output, "".join(h + "\n" for h in hypotheses))
     if len(hypotheses) != len(references):

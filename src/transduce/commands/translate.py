@@ -253,14 +253,18 @@ def run(args: argparse.Namespace) -> int:
     check_input(args.input, replace_invalid=args.replace_invalid)
     check_corpus_side(args.input, "source", args.src_field)
     check_file_output(args.output, "-o/--output")
-    translator = load_translator(args)
+    langs = line_languages(args.input, args.model[0], args.tgt_lang)
+    translator = load_translator(args, language_required=not langs)
     cfg = decode_config(args, translator.decode)
-    translator.language_ids(None, 1, cfg)  # a missing or unknown target language (--tgt-lang): before any output
+    if not langs:
+        translator.language_ids(None, 1, cfg)  # a missing or unknown target language (--tgt-lang): before any output
     terminal = args.input == "-" and _is_terminal(sys.stdin)
     interactive = args.interactive or terminal
     if terminal:
         log.info("type a sentence and Enter; Ctrl-D ends")
     lines = read_source_lines(args.input, replace_invalid=args.replace_invalid, field=args.src_field)
+    if langs:
+        lines = ((lineno, text, langs[lineno]) for lineno, text in lines)
     write = format_json if args.json else format_nbest if args.nbest is not None else format_text
     count = 0
     with open_output(args.output) as out:  # a file appears only when complete; stdout streams
@@ -275,6 +279,35 @@ def run(args: argparse.Namespace) -> int:
         out.flush()
     log.info("translated %d lines", count)
     return 0
+
+
+def line_languages(path: str, model: str, tgt_lang: str | None) -> dict[int, str]:
+    """The target language of each line where a TSV or JSON Lines input names it (a third column; the field
+    ``tgt_lang``: :func:`transduce.data.corpus.read_languages`), each checked against ``model`` and ``--tgt-lang``
+    (which, given, every line must name) before the model is loaded. Empty when the input names none.
+
+    Raises:
+        DataError: naming the file and the first line of a language the model cannot write, or that is not
+            ``--tgt-lang``.
+    """
+    from transduce.data.corpus import read_languages
+    from transduce.errors import DataError
+    from transduce.text.langs import LanguageError, same_language
+
+    langs = read_languages(path) if path != "-" else {}
+    first: dict[str, int] = {}
+    for lineno, code in langs.items():
+        first.setdefault(code, lineno)
+    for code, lineno in first.items():
+        where = f"{path}, line {lineno}"
+        try:
+            check_target_language(model, code, required=False)
+        except LanguageError as e:
+            raise DataError(f"{where}: {str(e).removeprefix('tgt_lang: ')}") from None
+        if tgt_lang and not same_language(code, tgt_lang):
+            raise DataError(f"{where}: the line's target language {code!r} is not --tgt-lang {tgt_lang!r}; leave "
+                            "--tgt-lang out to translate each line into the language it names")  # fmt: skip
+    return langs
 
 
 def check_input(path: str, *, replace_invalid: bool = False, what: str = "translate", hint: str = INVALID_HINT) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from transduce.errors import DataError
-from transduce.text.langs import LanguageError, check_code, same_language
+from transduce.text.langs import LanguageError, check_code, forms, same_language
 from transduce.text.textio import iter_raw_lines, iter_raw_pairs, resolve_corpus_file
 
 FORMATS = ("files", "tsv", "jsonl")
@@ -140,7 +140,8 @@ def parse_jsonl3(raw: bytes, path: str | Path, lineno: int, fields: Sequence[str
     where = f"{path}, line {lineno}"
     obj = _json_object(raw, where)
     lang = _json_side(obj, fields[2], "target language", where)
-    return _json_side(obj, fields[0], "source", where), _json_side(obj, fields[1], "target", where), lang.decode()
+    src, tgt = _json_side(obj, fields[0], "source", where), _json_side(obj, fields[1], "target", where)
+    return src, tgt, lang.decode("utf-8", "replace").strip()  # (a bad byte: then not a code, refused naming the line)
 
 
 def line_language(code: str, declared: Sequence[str], where: str) -> str:
@@ -257,7 +258,7 @@ def resolve_corpora(
     if form != "files":
         return [dataclasses.replace(resolve_corpus(spec, src_lang, tgt_lang, fields), lang_field=lang_field)]
     if isinstance(spec, str):
-        return [Corpus("files", resolve_corpus_file(spec, src_lang), resolve_corpus_file(spec, lang), lang=lang)
+        return [Corpus("files", resolve_corpus_file(spec, src_lang), language_file(spec, lang), lang=lang)
                 for lang in tgt_langs]  # fmt: skip
     corpus = resolve_corpus(spec, src_lang, tgt_lang, fields)
     suffix = corpus.tgt.name.removesuffix(".gz").rpartition(".")[2]
@@ -266,6 +267,27 @@ def resolve_corpora(
             return [dataclasses.replace(corpus, lang=lang)]
     raise DataError(f"{corpus.tgt}: the target file's suffix {suffix!r} names no language of data.tgt_langs "
                     f"({', '.join(tgt_langs)}); name the file after its language (train.{tgt_langs[0]})")  # fmt: skip
+
+
+def language_file(prefix: str, lang: str) -> Path:
+    """A prefix's target file for ``lang`` under either form of its code (``train.fr`` or ``train.fra``, each
+    plain or gzipped).
+
+    Raises:
+        DataError: no form's file exists, or two do.
+    """
+    files = []
+    for form in forms(lang):
+        try:
+            files.append(resolve_corpus_file(prefix, form))  # (the plain file before the gzipped one)
+        except DataError:
+            continue
+    if not files:
+        names = " or ".join(f"{prefix}.{form}" for form in forms(lang))
+        raise DataError(f"{names}: file not found (nor with .gz), the target side for data.tgt_langs' {lang!r}")
+    if len(files) > 1:
+        raise DataError(f"{files[0]} and {files[1]} both hold the target side for {lang!r}: keep one")
+    return files[0]
 
 
 def split_entries(parts: Sequence[Corpus]) -> Iterator[tuple[int, bytes, bytes, str]]:
@@ -331,12 +353,56 @@ def read_side(
     name = field or ("src" if side == "source" else "tgt")
     for lineno, raw in enumerate(iter_raw_lines(path), start=1):
         if form == "tsv":
-            raw = split_tsv(raw, path, lineno)[0 if side == "source" else 1]
+            raw = _test_tsv(raw, path, lineno)[0 if side == "source" else 1]
         else:
             raw = jsonl_field(raw, path, lineno, name, side)
         text = decode_line(raw, path, lineno, errors, hint=hint)
         if text is not None:
             yield lineno, text
+
+
+def _test_tsv(raw: bytes, path: str | Path, lineno: int) -> list[bytes]:
+    """The columns of a test file's TSV line: source<TAB>target, or source<TAB>target<TAB>language."""
+    tabs = raw.count(b"\t")
+    if tabs not in (1, 2):
+        found = "no tab" if tabs == 0 else f"{tabs} tabs"
+        raise DataError(f"{path}, line {lineno}: expected source<TAB>target (one tab), or source<TAB>target<TAB>"
+                        f"language (two), found {found}")  # fmt: skip
+    return raw.split(b"\t")
+
+
+def read_languages(path: str | Path, field: str = "tgt_lang") -> dict[int, str]:
+    """Each line's target language where a TSV or JSON Lines test file names one, by line number: the third column
+    of ``NAME.tsv[.gz]`` (source<TAB>target<TAB>language, as ``prepare`` reads a multilingual corpus), the field
+    ``field`` of ``NAME.jsonl[.gz]``. Empty when the file's first line names none (two columns; no such field);
+    then no line may.
+
+    Raises:
+        DataError: naming the file and line: a line without the language when the first has one, or the reverse.
+    """
+    form = corpus_format(str(path))
+    if form == "files" or str(path) == "-":
+        return {}
+    out: dict[int, str] = {}
+    named = None
+    for lineno, raw in enumerate(iter_raw_lines(path), start=1):
+        where = f"{path}, line {lineno}"
+        if form == "tsv":
+            columns = _test_tsv(raw, path, lineno)
+            lang = columns[2] if len(columns) == 3 else None
+        else:
+            obj = _json_object(raw, where)
+            lang = _json_side(obj, field, "target language", where) if field in obj else None
+        if named is None:
+            named = lang is not None
+        if named != (lang is not None):
+            what = "a third column" if form == "tsv" else f"the field {field!r}"
+            state = "no target language" if named else "a target language"
+            raise DataError(f"{where}: {state} ({what}) where line 1 names {'one' if named else 'none'}: name every "
+                            "line's target language or none")  # fmt: skip
+        if lang is not None:
+            out[lineno] = lang.decode("utf-8", "replace").strip()
+    return out
 
 
 def corpus_of_record(record: dict[str, Any]) -> Corpus:

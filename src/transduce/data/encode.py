@@ -143,7 +143,8 @@ def encode_chunk(chunk: Chunk) -> Encoded:
     if chunk.train:
         empty = (src_lens == prefixed) | (tgt_lens == 0)  # e.g. only characters that normalisation removes
         too_long = ~empty & ((src_lens > opts.max_len) | (tgt_lens > opts.max_len))
-        longer, shorter = np.maximum(src_lens, tgt_lens), np.maximum(np.minimum(src_lens, tgt_lens), 1)
+        text_lens = src_lens - prefixed  # the ratio compares the texts: a language token is not part of either
+        longer, shorter = np.maximum(text_lens, tgt_lens), np.maximum(np.minimum(text_lens, tgt_lens), 1)
         ratio = ~empty & ~too_long & (longer > opts.max_len_ratio * shorter)
         counts["empty"] += int(empty.sum())
         counts["too_long"] += int(too_long.sum())

@@ -39,7 +39,7 @@ from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.search import Hypothesis, SearchConstraint, generate, length_batches
 from transduce.search.common import pad_sequences
 from transduce.text import casing
-from transduce.text.langs import TargetLanguages
+from transduce.text.langs import LanguageError, TargetLanguages
 
 if TYPE_CHECKING:
     from transduce.transfer.embed import SentenceVectors
@@ -329,22 +329,39 @@ class Translator:
         return self._config(decode, beam=max(beam or (decode or self.decode).beam, nbest), nbest=nbest, **options)
 
     def translate_lines(
-        self, lines: Iterable[tuple[int, str]], cfg: DecodeConfig | None = None, *, chunk_size: int = 2000,
-        tgt_lang: str | None = None,
+        self, lines: Iterable[tuple[int, str] | tuple[int, str, str]], cfg: DecodeConfig | None = None, *,
+        chunk_size: int = 2000, tgt_lang: str | None = None,
     ) -> Iterator[list[Translation]]:  # fmt: skip
         """Translate a stream of ``(line number, text)``, ``chunk_size`` lines at a time (sorted within a chunk);
         yields each line's translations in input order. Line numbers appear in warnings. ``tgt_lang``: a
-        multilingual model's target language for every line (checked before the first line is read)."""
+        multilingual model's target language for every line (checked before the first line is read); a line
+        ``(line number, text, language)`` names its own (a multilingual test file's, ``read_languages``)."""
         cfg = cfg or self.decode
-        lang = self.language_ids(tgt_lang, 1, cfg)[0]
-        chunk: list[tuple[int, str]] = []
+        if tgt_lang is not None and not isinstance(tgt_lang, str):
+            raise LanguageError(f"tgt_lang: one language for every line, got {type(tgt_lang).__name__} (a line "
+                                "names its own as (line number, text, language))")  # fmt: skip
+        missing = None
+        try:
+            lang = self.language_ids(tgt_lang, 1, cfg)[0]
+        except LanguageError as e:
+            if tgt_lang is not None:
+                raise
+            lang, missing = None, e  # a multilingual model without a default: each line must name its language
+        known = TargetLanguages(self.languages.tokens)
+
+        def ids(chunk: list) -> list[int | None]:
+            if missing is not None and any(len(item) == 2 for item in chunk):
+                raise missing
+            return [lang if len(item) == 2 else known.token_id(item[2], f"line {item[0]}") for item in chunk]
+
+        chunk: list = []
         for item in lines:
             chunk.append(item)
             if len(chunk) >= chunk_size:
-                yield from self._translate(chunk, cfg, langs=[lang] * len(chunk))
+                yield from self._translate([item[:2] for item in chunk], cfg, langs=ids(chunk))
                 chunk = []
         if chunk:
-            yield from self._translate(chunk, cfg, langs=[lang] * len(chunk))
+            yield from self._translate([item[:2] for item in chunk], cfg, langs=ids(chunk))
 
     def language_ids(
         self, tgt_lang: str | Sequence[str] | None, n: int, decode: DecodeConfig | None = None

@@ -121,10 +121,13 @@ class TargetLanguages:
         return ", ".join(codes[:most]) + more
 
     def find(self, code: str) -> str | None:
-        """The token of the language ``code`` names (any of its forms), None if the vocabulary has none."""
+        """The token of the language ``code`` names (any of its forms; a script or region in any letter case:
+        ``pt_BR`` finds ``>>pt_br<<``), None if the vocabulary has none."""
+        folded = {token.lower(): token for token in self.tokens}
         for form in forms(code):
-            if f">>{form}<<" in self.tokens:
-                return f">>{form}<<"
+            token = folded.get(f">>{form}<<".lower())
+            if token is not None:
+                return token
         return None
 
     def token_id(self, code: str | None, where: str = "tgt_lang") -> int | None:
@@ -159,6 +162,8 @@ class TargetLanguages:
         if codes is None or isinstance(codes, str):
             one = self.token_id(codes, where)
             return [one] * n
+        if not isinstance(codes, Sequence):
+            raise LanguageError(f"{where}: expected a language code or a list of them, got {type(codes).__name__}")
         codes = list(codes)
         if len(codes) != n:
             raise LanguageError(f"{where}: {len(codes)} languages for {n} texts (give one, or one per text)")

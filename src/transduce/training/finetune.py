@@ -31,7 +31,7 @@ from transduce.data import read_manifest
 from transduce.data.corpus import resolve_corpora, split_entries
 from transduce.errors import TransduceError
 from transduce.model import Transformer
-from transduce.text.langs import tokens_for
+from transduce.text.langs import TargetLanguages, tokens_for
 from transduce.text.tokenizer import Vocabulary
 from transduce.text.vocab import extend, load_vocabulary
 from transduce.training import checkpoint as ckpt
@@ -84,6 +84,12 @@ def vocabulary(config: Config, run_dir: Path, *, resume: bool) -> Path:
         raise FinetuneError(f"train.init_from: {config.train.init_from} is a masked language model (data.task: mlm), "
                             f"which has no decoder: a {config.data.task} run cannot start from it (a classifier can: "
                             "data.task: classify)")  # fmt: skip
+    held = vocab.lang_tokens() if hasattr(vocab, "lang_tokens") else {}
+    if held and config.data.task == "translate" and not config.data.tgt_langs:
+        codes = TargetLanguages(held).listed()
+        raise FinetuneError(f"train.init_from: {config.train.init_from} writes {len(held)} target languages ({codes}) "
+                            "and is told which by a token: set data.tgt_langs to the languages of the training data "
+                            "(its pairs then get their token)")  # fmt: skip
     size = config.train.extend_vocab
     if size:
         src_text, tgt_text = _sample(config)
