@@ -124,11 +124,23 @@ def reversal_model() -> Transformer:
     return train_task_model()
 
 
-def make_checkpoint(directory: Path, *, max_len_b: int = 5, seed: int = 0) -> Path:
+def make_checkpoint(
+    directory: Path,
+    *,
+    max_len_b: int = 5,
+    seed: int = 0,
+    lang_tokens: tuple[str, ...] = (),
+    tgt_lang: str = "",
+    norm: str = "post",
+) -> Path:
     """A standalone checkpoint of a random ``test``-preset model with a real SentencePiece vocabulary (trained here
-    on a few words), for ``Translator.load`` and CLI tests. Decoding defaults to short outputs (``max_len_b``)."""
-    from transduce.config import Config, DecodeConfig
+    on a few words), for ``Translator.load`` and CLI tests. Decoding defaults to short outputs (``max_len_b``).
+    ``lang_tokens`` (``(">>deu<<", ">>fra<<")``): a multilingual model's target-language tokens, never generated;
+    ``tgt_lang``: its default target language (``decode.tgt_lang``). ``norm``: ``pre`` for a pre-norm model."""
+    from transduce.config import Config, DataConfig, DecodeConfig
+    from transduce.text.langs import TOKEN
     from transduce.text.tokenizer import Tokenizer
+    from transduce.text.vocab import load_vocabulary
     from transduce.training.checkpoint import save_model
 
     rng = random.Random(seed)
@@ -136,9 +148,18 @@ def make_checkpoint(directory: Path, *, max_len_b: int = 5, seed: int = 0) -> Pa
     text = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) + "." for _ in range(300)]
     vocab_dir = directory / "vocab"
     tok = Tokenizer.train(vocab_dir, text, vocab_size=300)
+    if lang_tokens:
+        vocab_dir = tok.with_lang_tokens(directory / "vocab_langs", lang_tokens)
+        tok = load_vocabulary(vocab_dir)
     torch.manual_seed(seed)
-    model_cfg = ModelConfig.preset("test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
-    config = Config(model=model_cfg, decode=DecodeConfig(max_len_b=max_len_b))
+    model_cfg = ModelConfig.preset(
+        "test", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, norm=norm
+    )
+    data = DataConfig()
+    if lang_tokens:
+        model_cfg = model_cfg.replace(suppress_ids=tok.lang_token_tgt_ids())
+        data = DataConfig(tgt_langs=[TOKEN.fullmatch(t).group(1) for t in lang_tokens])  # data.tgt_lang stays "de"
+    config = Config(model=model_cfg, data=data, decode=DecodeConfig(max_len_b=max_len_b, tgt_lang=tgt_lang))
     return save_model(directory / "model", Transformer(model_cfg).eval(), config, vocab_dir)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from decodekit import copy_sentences, one_thread, train_copy_checkpoint
+from decodekit import copy_sentences, make_checkpoint, one_thread, train_copy_checkpoint
 from transduce.cli import main
-from transduce.config import Config
+from transduce.config import Config, DataConfig
 from transduce.errors import InteropError
 from transduce.interop.marian import export_hf, import_hf, load_hf, residual_permutation
 from transduce.model import Transformer, sinusoid
@@ -63,6 +63,8 @@ def test_hf_export_writes_what_marian_expects(hf_export: Path):
             "tokenizer_config.json", "README.md"} <= names  # fmt: skip
     config = json.loads((hf_export / "config.json").read_text())
     assert config["model_type"] == "marian"
+    tokenizer_config = json.loads((hf_export / "tokenizer_config.json").read_text())
+    assert (tokenizer_config["source_lang"], tokenizer_config["target_lang"]) == ("en", "de")  # data.*_lang
     assert (config["pad_token_id"], config["decoder_start_token_id"], config["eos_token_id"]) == (0, 1, 2)
 
 
@@ -135,6 +137,32 @@ def test_hf_export_refuses_what_pegasus_cannot_express(copy_checkpoint: Path, tm
         "(export --format ctranslate2 takes it)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_multilingual_pre_norm_export_loads_through_the_auto_classes_as_documented(tmp_path: Path):
+    """docs/multilingual.md's example: a pre-norm multilingual model (the recipe's) exports as Pegasus, which the
+    Auto classes load and MarianMTModel does not; its tokenizer names no single target language (data.tgt_lang "de"
+    is not what a model writing German and French writes); greedy ``generate`` with the token in the text gives our
+    translations in each language."""
+    ckpt = make_checkpoint(tmp_path / "ml", lang_tokens=(">>deu<<", ">>fra<<"), norm="pre", max_len_b=8)
+    out = export_hf(ckpt, tmp_path / "hf")
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert (tokenizer_config["source_lang"], tokenizer_config["target_lang"]) == ("en", None)
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(out)).eval()
+    assert (type(tok).__name__, type(hf).__name__) == ("MarianTokenizer", "PegasusForConditionalGeneration")
+    ours = Translator.load(ckpt)
+    texts = ["a man rides the bike.", "the dog.", "ein Hund fährt."]
+    for code in ("deu", "fra"):
+        batch = tok([f">>{code}<< {t}" for t in texts], return_tensors="pt", padding=True)
+        with torch.inference_mode():
+            generated = hf.generate(**batch, num_beams=1, max_new_tokens=9, do_sample=False)
+        expected = ours.translate(texts, beam=1, tgt_lang=code, max_len_a=0.0, max_len_b=8)
+        assert tok.batch_decode(generated, skip_special_tokens=True) == expected
+    post = export_hf(make_checkpoint(tmp_path / "post", lang_tokens=(">>deu<<", ">>fra<<")), tmp_path / "hf_post")
+    assert json.loads((post / "tokenizer_config.json").read_text())["target_lang"] is None  # whatever the norm
+    _, config, vocab = load_hf(post)  # imported back (Marian only): the tokens, and no target_lang to take
+    assert list(vocab.lang_tokens()) == [">>deu<<", ">>fra<<"] and config.data.tgt_lang == DataConfig().tgt_lang
 
 
 def test_cli_export_refuses_a_non_empty_directory_unless_forced(copy_checkpoint: Path, tmp_path: Path, capsys):

@@ -77,8 +77,37 @@ def test_health_describes_model_defaults_and_limits(client, reference):
     assert h["model"]["encoder_layers"] == cfg.encoder_layers and h["model"]["heads"] == cfg.heads
     assert h["model"]["src_vocab_size"] == cfg.src_vocab_size and h["model"]["parameters"] > 0
     assert h["decode"] == reference.decode.to_dict()
+    assert (h["tgt_langs"], h["tgt_lang"]) == ([], None)  # one target language: none to choose (the page: no selector)
     assert {k: h["limits"][k] for k in LIMITS} == LIMITS
     assert set(h["stats"]) >= {"requests", "sentences", "batches", "calls"}
+
+
+@pytest.mark.parametrize(
+    ("default", "expected"), [("", None), ("fr", "fra"), ("pt_BR", "pt_br")], ids=["no-default", "fr", "pt_BR"]
+)
+def test_health_lists_a_multilingual_models_target_languages_and_default(tmp_path, default, expected):
+    """The codes as the model's tokens spell them (what the page's language selector offers and sends back), and
+    the default spelt the same way, whichever form decode.tgt_lang (or --tgt-lang) gave it in."""
+    tokens = (">>deu<<", ">>fra<<", ">>pt_br<<")
+    translator = Translator.load(make_checkpoint(tmp_path, lang_tokens=tokens))
+    translator.decode = translator.decode.replace(tgt_lang=default)  # as `transduce serve --tgt-lang` sets it
+    with ServerThread(create_app(translator, batch_wait_ms=1.0)) as url, httpx.Client(base_url=url, timeout=120) as c:
+        h = c.get("/health").json()
+        assert (h["tgt_langs"], h["tgt_lang"]) == (["deu", "fra", "pt_br"], expected)
+        for code in h["tgt_langs"]:  # each listed code is accepted as a request's tgt_lang, as the page sends it
+            r = c.post("/attention", json={"sentence": "a man.", "tgt_lang": code})
+            assert r.status_code == 200 and r.json()["src_pieces"][0] == f">>{code}<<", r.text
+        if not default:
+            assert c.post("/attention", json={"sentence": "a man."}).json()["error"].startswith("tgt_lang: missing")
+
+
+def test_the_page_offers_a_language_selector_and_sends_tgt_lang(client):
+    """The page (static JS; the browser test in test_web_page.py runs it): a selector filled from /health's
+    tgt_langs, hidden for a model of one target language, its choice sent as the request's tgt_lang."""
+    page = client.get("/").text
+    assert '<select id="tgt-lang">' in page and 'id="tgt-lang-label" hidden' in page
+    assert "showLanguages(h.tgt_langs || [], h.tgt_lang)" in page
+    assert 'body.tgt_lang = $("tgt-lang").value' in page
 
 
 def test_a_translation_server_says_it_serves_no_classifier(client):

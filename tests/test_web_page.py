@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from decodekit import one_thread  # noqa: E402
+from decodekit import make_checkpoint, one_thread  # noqa: E402
 from transduce.search.translator import Translator  # noqa: E402
 from transduce.serving.server import ServerThread, create_app  # noqa: E402
 
@@ -156,3 +156,28 @@ def test_page_shows_server_errors(page, server, reference):
     assert page.text_content("#error") == ""
     assert page.text_content("#translation") == reference.translate(["a dog."], beam=1)[0]
     assert [e for e in page.errors if "422" not in e and "413" not in e] == []  # failed fetches log to the console
+
+
+def test_page_chooses_a_multilingual_models_target_language(browser, page, tmp_path):
+    """A multilingual model served without a default: the page offers its languages (as its tokens spell them), the
+    first chosen, and sends the choice as tgt_lang (no 422 "tgt_lang: missing"); the test server above (one target
+    language) shows no selector."""
+    translator = Translator.load(make_checkpoint(tmp_path, lang_tokens=(">>deu<<", ">>fra<<")))
+    with ServerThread(create_app(translator, batch_wait_ms=1.0)) as url:
+        page.goto(url + "/")
+        page.wait_for_function("document.getElementById('tgt-lang').options.length > 0")
+        assert page.is_visible("#tgt-lang")
+        assert page.eval_on_selector_all("#tgt-lang option", "o => o.map(x => x.value)") == ["deu", "fra"]
+        for code in ("deu", "fra"):
+            page.select_option("#tgt-lang", code)
+            assert translate_on_page(page, "a man.", "1") == "done", page.text_content("#error")
+            assert page.text_content("#translation") == translator.translate(["a man."], beam=1, tgt_lang=code)[0]
+            assert page.text_content("#source-tokens .tok") == f">>{code}<<"  # the language token leads the source
+    assert page.errors == []
+
+
+def test_page_shows_no_language_selector_for_a_model_of_one_target_language(page, server):
+    page.goto(server + "/")
+    page.wait_for_function("document.getElementById('beam').value !== ''")  # /health has been read
+    assert not page.is_visible("#tgt-lang")
+    assert translate_on_page(page, "a dog.", "1") == "done"  # no tgt_lang sent: this model would refuse one (422)

@@ -349,8 +349,12 @@ def export_hf(source: str | Path, out_dir: str | Path, *, overwrite: bool = Fals
     try:
         with quiet_progress(transformers):
             hf.save_pretrained(str(staging))
-        write_marian_vocab(tokenizer, staging, src_lang=config.data.src_lang, tgt_lang=config.data.tgt_lang)
-        (staging / "README.md").write_text(_model_card(config, source, list(tokenizer.lang_tokens())), encoding="utf-8")
+        tokens = list(tokenizer.lang_tokens())
+        # a multilingual model writes the language its source's token names: no one target_lang (null, not
+        # data.tgt_lang, which it does not read); MarianTokenizer reads neither for anything but Moses's normaliser
+        tgt_lang = None if tokens else config.data.tgt_lang
+        write_marian_vocab(tokenizer, staging, src_lang=config.data.src_lang, tgt_lang=tgt_lang)
+        (staging / "README.md").write_text(_model_card(config, source, tokens), encoding="utf-8")
         with quiet_progress(transformers):
             reloaded = hf_class(model.config).from_pretrained(str(staging)).eval()
         err = parity_error(model, reloaded)

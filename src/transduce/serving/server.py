@@ -17,11 +17,13 @@ Endpoints (the OpenAPI schema is at ``/openapi.json``, interactive documentation
 * ``POST /attention`` ``{"sentence": "...", "target": null, "beam": ..., "length_penalty": ...}`` -> the
   translation, the source and target subword pieces and the encoder-decoder attention
   ``cross[layer][head][target piece][source piece]``.
-* ``GET /health`` -> ``{"status": "ok", ...}`` with the model's shape, the decoding defaults, the limits and the
+* ``GET /health`` -> ``{"status": "ok", ...}`` with the model's shape, its target languages (``"tgt_langs"``: a
+  multilingual model's, as its tokens spell them, ``["deu", "fra"]``; ``[]`` for a model of one target language) and
+  the default one (``"tgt_lang"``, spelt the same way; null: none), the decoding defaults, the limits and the
   batching counters.
 * ``GET /`` -> the page (``transduce/static/index.html``: plain HTML/CSS/JS, no build step, nothing loaded from
-  elsewhere): type a sentence, read its translation, choose a layer and head of the attention, hover a target
-  piece to see the source pieces it attended to.
+  elsewhere): type a sentence (and, for a multilingual model, choose the target language), read its translation,
+  choose a layer and head of the attention, hover a target piece to see the source pieces it attended to.
 
 Design. One :class:`transduce.search.translator.Translator` serves every request. Requests from many clients are merged
 by a :class:`transduce.serving.batching.Batcher` on the event loop (the batching core, without HTTP): it collects
@@ -62,7 +64,7 @@ from transduce.config import ConfigError, LengthNorm
 from transduce.serving.app import ErrorResponse, ValidationErrorResponse, base_app, check_limits, too_long, too_many
 from transduce.serving.asgi import ServerThread, json_error
 from transduce.serving.batching import Batcher, BatchStats
-from transduce.text.langs import LanguageError
+from transduce.text.langs import TOKEN, LanguageError, check_code
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,14 @@ class HealthResponse(BaseModel):
     task: str = Field(description="what the model was trained for (data.task: translate or parse)")
     model: dict[str, Any] = Field(
         description="the model's shape (an ensemble's first member's, and \"ensemble\": its size)"
+    )
+    tgt_langs: list[str] = Field(
+        description="a multilingual model's target languages, as its tokens spell them (deu, fra, ...); empty for a "
+        "model of one target language (a request then names none)"
+    )
+    tgt_lang: str | None = Field(
+        description="the target language a request that names none gets (the server's --tgt-lang, else the run's "
+        "decode.tgt_lang), spelt as in tgt_langs; null: none (a multilingual model's requests must name one)"
     )
     decode: dict[str, Any] = Field(description="the decoding defaults (DecodeConfig)")
     limits: dict[str, Any]
@@ -322,6 +332,7 @@ def create_app(
             status="ok",
             task=getattr(translator, "task", "translate"),
             model=model_info,
+            **_target_languages(translator),
             decode=translator.decode.to_dict(),
             limits=limits,
             stats=asdict(batcher.stats),
@@ -333,6 +344,23 @@ def create_app(
         return HTMLResponse(page)
 
     return app
+
+
+def _target_languages(translator: Any) -> dict[str, Any]:
+    """``tgt_langs`` and ``tgt_lang`` for /health: the model's target-language codes as its tokens spell them
+    (``>>fra<<`` -> ``fra``), and the default (``decode.tgt_lang``, read now: ``serve`` sets it after loading) as its
+    token spells it (``fr`` -> ``fra``), or None."""
+    languages = getattr(translator, "languages", None)
+    if not languages:
+        return {"tgt_langs": [], "tgt_lang": None}
+    default = None
+    if code := getattr(getattr(translator, "decode", None), "tgt_lang", ""):
+        try:
+            token = languages.find(check_code(code))
+        except LanguageError:
+            token = None
+        default = TOKEN.fullmatch(token).group(1) if token else None  # type: ignore[union-attr]
+    return {"tgt_langs": languages.codes(), "tgt_lang": default}
 
 
 def _model_info(translator: Any) -> dict[str, Any]:
