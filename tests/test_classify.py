@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import itertools
 import json
 import random
 from pathlib import Path
@@ -24,9 +25,9 @@ from transduce.text.vocab import load_vocabulary
 from transduce.training import checkpoint as ckpt
 from transduce.training.finetune import FinetuneError, _pretrained
 from transduce.training.optim import build_optimizer, set_learning_rate
-from transduce.training.train import train
+from transduce.training.train import TrainingError, train
 from transduce.transfer.classify import load_classifier, transfer
-from transduce.transfer.classify.data import collate_classes
+from transduce.transfer.classify.data import collate_classes, encode_texts, fit_pair
 from transduce.transfer.classify.model import ENCODER_PREFIXES, ClassifierModel
 from transduce.transfer.classify.training import loss_sums
 
@@ -315,6 +316,7 @@ BAD_INPUT = [
     (["yes\ta b", "no\tc"], ["no\tc", "maybe\td"],
      "{valid}, line 2: label 'maybe' does not occur in the training data {train} (its labels: no, yes)"),
     (["yes\ta b", "yes\tc"], None, "{train}: a classifier needs two labels at least, found only 'yes'"),
+    (["yes\ta b", "no\tc"], [], "{valid}: no examples (the file is empty)"),
 ]  # fmt: skip
 
 
@@ -350,6 +352,93 @@ def test_jsonl_without_the_text_field_names_the_option(tmp_path: Path):
     assert str(e.value) == f"{path}, line 1: no field 'text' (found: 'label', 'sentence'); --text-field names another"
 
 
+def test_a_jsonl_label_with_a_line_break_is_one_error(tmp_path: Path, capsys):
+    """A label is written a line each (classify, evaluate): one holding a line break would take two."""
+    path = tmp_path / "train.jsonl"
+    rows = [{"label": "negative", "text": "a b"}, {"label": "very\npositive", "text": "c d"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        prepare(prepare_cfg(path), tmp_path / "out")
+    assert str(e.value) == f"{path}, line 2: the label holds a line break"
+    assert main(["prepare", "--task", "classify", "--train", str(path), "-o", str(tmp_path / "out"), "-q"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"transduce prepare: error: {e.value}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_test_file_is_one_error(tmp_path: Path):
+    train_file = write_tsv(tmp_path / "train.tsv", [("yes", "a b"), ("no", "c")])
+    empty = tmp_path / "test.tsv"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError) as e:
+        prepare(prepare_cfg(train_file, test=[str(empty)]), tmp_path / "out")
+    assert str(e.value) == f"{empty}: no examples (the file is empty)"
+
+
+def bert_truncation(a: list[int], b: list[int], max_len: int) -> tuple[list[int], list[int]]:
+    """BERT's _truncate_seq_pair: a piece at a time from the end of the longer text (the second on a tie) until the
+    pair and its separator fit."""
+    a, b = list(a), list(b)
+    while len(a) + len(b) > max_len - 1:
+        (a if len(a) > len(b) else b).pop()
+    return a, b
+
+
+def test_a_pair_is_truncated_longest_first_as_berts_are(tmp_path: Path):
+    for n, n2, max_len in itertools.product(range(12), range(12), range(1, 26)):
+        a, b = list(range(10, 10 + n)), list(range(100, 100 + n2))
+        kept, kept2 = bert_truncation(a, b, max_len)
+        assert fit_pair(a, b, max_len, 2) == [*kept, 2, *kept2], (n, n2, max_len)
+    # prepare truncates so (and counts it); the API encodes with the same function
+    rows = [f"yes\t{' '.join(WORDS)} {MARK} {' '.join(WORDS)}\tthe film is fine", "no\tthe plot\tdull",
+            f"no\tthe story\t{' '.join(WORDS)}"] * 20  # fmt: skip
+    train_file = tmp_path / "train.tsv"
+    train_file.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+    out = tmp_path / "prepared"
+    manifest = prepare(prepare_cfg(train_file, text2_field="hyp", max_len=10), out)
+    tok = load_vocabulary(out)
+    texts, texts2 = [row.split("\t")[1] for row in rows], [row.split("\t")[2] for row in rows]
+    expected = encode_texts(tok, texts, texts2, 10, 2)
+    data = ParallelDataset(out, "train")
+    assert [data[i][0].tolist() for i in range(len(rows))] == expected
+    first, first2 = tok.encode_src(texts[0]), tok.encode_src(texts2[0])
+    assert len(first) > 10 and len(first2) >= 4
+    assert expected[0] == [*first[:5], 2, *first2[:4]]  # the hypothesis keeps its share
+    truncated = sum(len(tok.encode_src(t)) + 1 + len(tok.encode_src(t2)) > 10 for t, t2 in zip(texts, texts2))
+    assert manifest["splits"]["train"]["counts"]["truncated"] == truncated == 40
+
+
+def test_a_run_on_prepared_data_saves_the_fields_and_max_len_it_was_prepared_with(toy, tmp_path: Path):
+    train_file = tmp_path / "pairs.tsv"
+    train_file.write_text("".join(f"{label}\t{text}\t{text}\n" for label, text in toy_examples(60, 1)),
+                          encoding="utf-8")  # fmt: skip
+    prepared = tmp_path / "prepared"
+    prepare(prepare_cfg(train_file, text2_field="hyp", max_len=8), prepared)
+    base = classify_config(tmp_path / "run", train_file, None, max_steps=2)
+
+    def on_prepared(run: str, **fields) -> Config:
+        data = DataConfig(task="classify", prepared=str(prepared), **fields)
+        return Config(model=base.model, data=data, train=base.train.replace(run_dir=str(tmp_path / run)))
+
+    train(on_prepared("run"))
+    saved = Config.load(tmp_path / "run" / "config.yaml").data
+    assert (saved.text_field, saved.text2_field, saved.label_field, saved.max_len) == ("text", "hyp", "label", 8)
+    assert load_classifier(tmp_path / "run").pairs
+    with pytest.raises(DataError) as e:
+        train(on_prepared("other", text2_field="premise"))
+    assert str(e.value) == (f"data.text2_field: the config says 'premise', the data in {prepared} was prepared with "
+                            "'hyp'; leave data.text2_field out (the prepared data sets it)")  # fmt: skip
+
+
+def test_a_max_len_the_learned_positions_cannot_hold_is_refused_before_preparing(toy, tmp_path: Path):
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError) as e:
+        train(classify_config(run, *toy, model={"positions": "learned", "max_positions": 16}))
+    assert str(e.value) == ("data.max_len: 250 pieces and the end-of-sentence id do not fit the 16 learned "
+                            "positions (model.max_positions); set data.max_len to 15 or less (the data is prepared "
+                            "with it)")  # fmt: skip
+    assert not (run / "data").exists()
+
+
 def test_config_refusals_are_one_line():
     with pytest.raises(ConfigError, match=r"^model.transfer: cove keeps a pretrained encoder fixed, so it needs "):
         Config.from_dict({"model": {"transfer": "cove"}, "data": {"task": "classify"}})
@@ -363,6 +452,12 @@ def test_config_refusals_are_one_line():
     with pytest.raises(ConfigError, match=r"^train.pretrained_lr_scale: has no effect in this run \(it is for a "):
         Config.from_dict({"data": {"task": "classify"}, "train": {"pretrained_lr_scale": 0.5}})
     assert Config.from_dict({"data": {"task": "classify"}}).train.best_metric == "accuracy"
+    with pytest.raises(ConfigError) as e:  # nothing would read the text into the <cls> position: constant scores
+        ModelConfig(transfer="cove", cove_layers=0)
+    assert str(e.value) == ("pooling: cls pooling needs at least one task layer (with cove_layers: 0 nothing reads the "
+                            "text into the <cls> position: every text gets the same scores); set pooling: mean or max, "
+                            "or cove_layers: 1 or more")  # fmt: skip
+    assert ModelConfig(transfer="cove", cove_layers=0, pooling="mean").cove_layers == 0
 
 
 # ----------------------------------------------------------------------------------------------------------------------

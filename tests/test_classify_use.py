@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,9 +20,12 @@ from classifykit import make_classifier_checkpoint
 from decodekit import one_thread
 from test_classify import classify_config, toy_examples, write_tsv
 from transduce.cli import main
+from transduce.config import Config, DataConfig, ModelConfig
 from transduce.errors import CheckpointError, TransduceError
+from transduce.text.vocab import load_vocabulary
 from transduce.training.train import train
-from transduce.transfer.classify import Classifier, load_classifier
+from transduce.transfer.classify import Classifier, ClassifierModel, load_classifier
+from transduce.transfer.classify.data import collate_classes, fit_pair
 from transduce.transfer.classify.metrics import classification_scores, confusion_matrix
 
 HELD_OUT = toy_examples(12, 3)  # (label, text): texts the classifier did not train on
@@ -82,12 +86,48 @@ def test_the_api_gives_each_text_its_label_and_the_probability_of_every_label(cl
         ((["a film"], ["the plot"]), ValueError,
          "this classifier reads single texts (it was trained without data.text2_field): leave texts2 out"),
         (("a film",), TypeError, "texts: a sequence of strings, not one string"),
+        # an iterator would be read up to its end by the checks (and has no length): refused, as Translator does
+        (((t for t in TEXTS),), TypeError, "texts: a sequence of strings, not a generator: pass list(texts)"),
+        ((map(str.strip, TEXTS),), TypeError, "texts: a sequence of strings, not a map: pass list(texts)"),
+        (([None],), TypeError, "texts[0]: a string, not NoneType"),
+        ((["a film", 3],), TypeError, "texts[1]: a string, not int"),
     ],
 )  # fmt: skip
 def test_the_api_refuses_what_has_no_class(classifier: Classifier, args, error, message):
     with pytest.raises(error) as e:
         classifier.classify(*args)
     assert str(e.value) == message
+
+
+def test_a_pair_too_long_keeps_some_of_each_text_as_prepare_does(run: Path, tmp_path: Path):
+    """Truncated longest-first (transduce.transfer.classify.data.fit_pair): the second text is not cut off."""
+    loaded = Classifier.load(make_classifier_checkpoint(tmp_path / "pairs", run / "vocab", text2_field="b"))
+    config = loaded.config.replace(data=loaded.config.data.replace(max_len=8))
+    pairs = Classifier(loaded.model, loaded.tokenizer, config)
+    long = " ".join(TEXTS)
+    scores = pairs.logits([long, long], ["the film", "zebra zebra a plot"])
+    assert not torch.allclose(scores[0], scores[1])
+    tok, model = pairs.tokenizer, pairs.model
+    ids = [fit_pair(tok.encode_src(long), tok.encode_src(t2), 8, 2) for t2 in ("the film", "zebra zebra a plot")]
+    assert all(len(i) == 8 and i.count(2) == 1 and i.index(2) < 7 for i in ids)
+    with torch.inference_mode():
+        expected = model(collate_classes([(i, [0]) for i in ids]).src)
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=0)
+
+
+def test_learned_positions_hold_a_text_longer_than_they_are(run: Path):
+    """A text is cut to what the position table holds (its eos included; <cls> has no position), not refused."""
+    vocab = load_vocabulary(run / "vocab")
+    torch.manual_seed(0)
+    model_cfg = ModelConfig.preset("test", src_vocab_size=vocab.src_vocab_size, tgt_vocab_size=vocab.tgt_vocab_size,
+                                   labels=["no", "yes"], positions="learned", max_positions=8)  # fmt: skip
+    config = Config(model=model_cfg, data=DataConfig(task="classify"))
+    classifier = Classifier(ClassifierModel(model_cfg).eval(), vocab, config)
+    long = " ".join(TEXTS)
+    assert len(vocab.encode_src(long)) > 8
+    with torch.inference_mode():
+        expected = classifier.model(collate_classes([(vocab.encode_src(long)[:7], [0])]).src)
+    torch.testing.assert_close(classifier.logits([long]), expected, atol=1e-5, rtol=0)
 
 
 def test_a_translation_model_is_not_a_classifier(checkpoint: Path):
@@ -113,6 +153,18 @@ def test_classify_writes_the_apis_labels_from_a_file_or_standard_input(classifie
     lines = [json.loads(line) for line in classify(["--model", run, "-i", source, "--json"], capsys).splitlines()]
     assert lines == [r.to_dict() for r in classifier.classify(TEXTS)]
     assert all(sum(line["probabilities"].values()) == pytest.approx(1.0, abs=1e-6) for line in lines)
+
+
+@pytest.mark.skipif(not Path("/dev/fd").is_dir(), reason="no /dev/fd")
+def test_classify_reads_a_pipe_once(classifier, run, tmp_path, capsys):
+    """A pipe cannot be read twice: its lines are kept from the one reading that checks them."""
+    read, write = os.pipe()
+    try:
+        os.write(write, "".join(t + "\n" for t in TEXTS).encode())
+        os.close(write)
+        assert classify(["--model", run, "-i", f"/dev/fd/{read}"], capsys).splitlines() == classifier.predict(TEXTS)
+    finally:
+        os.close(read)
 
 
 def test_classify_reads_the_text_of_tsv_and_json_lines_files(classifier, run, tmp_path, capsys):

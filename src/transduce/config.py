@@ -233,6 +233,10 @@ class ModelConfig(_Section):
             if self.d_model % 2:
                 raise ConfigError(f"d_model: a bilstm task model has d_model / 2 units per direction, so d_model "
                                   f"must be even, got {self.d_model}")  # fmt: skip
+        if self.transfer == "cove" and self.cove_layers == 0 and self.pooling == "cls":  # (bilstm: refused above)
+            raise ConfigError("pooling: cls pooling needs at least one task layer (with cove_layers: 0 nothing reads "
+                              "the text into the <cls> position: every text gets the same scores); set pooling: mean "
+                              "or max, or cove_layers: 1 or more")  # fmt: skip
         if len(set(self.labels)) != len(self.labels) or "" in self.labels:
             raise ConfigError(f"labels: must be distinct, non-empty names, got {self.labels!r}")
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "d_ff", "heads", "max_positions"):

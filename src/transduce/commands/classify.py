@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transduce.commands.options import add_output_argument, check_file_output, non_negative_int, positive_int
@@ -82,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
     form = input_format(args.input, args.format)
     fields = input_fields(args, config, args.input, form)
     examples: Iterable[tuple[int, str, str | None]]
-    if args.input == STDIO:  # read once: every line checked before the model is loaded
-        examples = list(read_texts(args.input, form, fields))
-    else:  # a first pass checks every line; the second classifies a chunk at a time
+    if args.input == STDIO or not Path(args.input).is_file():  # stdin, a pipe, a device: read once and kept, every
+        examples = list(read_texts(args.input, form, fields))  # line checked before the model is loaded
+    else:  # a regular file: a first pass checks every line; the second classifies a chunk at a time
         for _ in read_texts(args.input, form, fields):
             pass
         examples = read_texts(args.input, form, fields)

@@ -10,8 +10,9 @@ them is encoded is the task's (a :class:`TextTask`). :func:`prepare_texts` then
    any file is written, and samples the training texts (:class:`Reservoir`);
 3. learns a SentencePiece vocabulary on that sample, or takes a given one (:class:`GivenVocabulary`);
 4. encodes every split in chunks of :data:`CHUNK_LINES` lines, truncating texts longer than ``data.max_len`` pieces
-   (counted, never dropped), into the layout of a translation directory (:mod:`transduce.data.binary`): the text
-   ids are the ``src`` side, and the ``tgt`` side holds each line's class index (labelled texts) or nothing;
+   by the task's rule (counted, never dropped), into the layout of a translation directory
+   (:mod:`transduce.data.binary`): the text ids are the ``src`` side, and the ``tgt`` side holds each line's class
+   index (labelled texts) or nothing;
 5. writes the manifest (with ``labels`` for labelled texts) and renames the directory into place
    (:func:`~transduce.data.manifest.install_prepared`); nothing is left behind on failure.
 """
@@ -76,8 +77,9 @@ class TextTask(Generic[C, E]):
     record: Callable[[C], dict[str, Any]]  # a corpus's manifest record: how it is read, its file (file_record)
     check: Callable[[dict[str, C], int], Checked]  # the first pass over the corpora (and the sample size)
     lines: Callable[[C], Iterable[E]]  # the second pass: a corpus's lines, in order
-    # a chunk's ids (whole: truncation is counted after) and, for labelled texts, each line's label
-    encode: Callable[[Vocabulary, list[E]], tuple[list[list[int]], list[str] | None]]
+    # a chunk's ids truncated to max_len (the third argument) by the task's rule, for labelled texts each line's label
+    # (else None), and how many lines were truncated
+    encode: Callable[[Vocabulary, list[E], int], tuple[list[list[int]], list[str] | None, int]]
 
 
 class Reservoir:
@@ -213,9 +215,8 @@ def _encode_split(
 
     def flush(chunk: list[E]) -> None:
         nonlocal truncated
-        full, chunk_labels = task.encode(tok, chunk)
-        truncated += sum(len(ids) > max_len for ids in full)
-        ids = [s[:max_len] for s in full]
+        ids, chunk_labels, cut = task.encode(tok, chunk, max_len)
+        truncated += cut
         lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter((i for s in ids for i in s), dtype=np.int64, count=int(lens.sum()))
         lines = np.asarray([example[0] - 1 for example in chunk], dtype=np.int64)

@@ -115,6 +115,8 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
         else:
             log.info("rank %d: waiting for rank 0 to prepare the data in %s (up to %g min, train.dist_timeout_minutes)",
                      dist.rank, prepared, timeout)  # fmt: skip
+    if config.data.task == "classify" and config.data.train and not config.train.init_from:
+        _check_positions(config.model, config.data.max_len)  # before the data is prepared with that max_len
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume and ckpt.list_checkpoints(run_dir):
@@ -136,7 +138,13 @@ def prepare_run(config: Config, dist: Dist, *, resume: bool) -> tuple[Config, Pa
         tdist.barrier()
     tokenizer = load_vocabulary(prepared)
     if config.data.task == "classify":
+        if not config.data.train:  # the run's config describes the data as it was prepared: its fields, its max_len
+            from transduce.transfer.classify.data import prepared_data_config
+
+            config = Config(model=config.model, data=prepared_data_config(prepared, config.data), train=config.train,
+                            decode=config.decode)  # fmt: skip
         model = _classifier_model(config, prepared, tokenizer, resume=resume)
+        _check_positions(model, config.data.max_len)
     elif config.data.task == "parse" and config.train.init_from:
         model = parse_transfer.model_config(config, tokenizer, resume=resume)
     elif config.data.task == "mlm":  # the source side is the model's vocabulary; the target side's sizes follow it
@@ -184,6 +192,19 @@ def _classifier_model(config: Config, prepared: Path, tokenizer: Vocabulary, *, 
         return transfer.model_config(config, tokenizer, labels, resume=resume)
     return config.model.replace(src_vocab_size=tokenizer.src_vocab_size, tgt_vocab_size=tokenizer.src_vocab_size,
                                 share_vocab=True, labels=labels)  # fmt: skip
+
+
+def _check_positions(model: ModelConfig, max_len: int) -> None:
+    """A classifier's texts of ``max_len`` pieces and their end-of-sentence id must fit its learned positions (the
+    ``<cls>`` vector has none).
+
+    Raises:
+        TrainingError: they do not.
+    """
+    if model.positions == "learned" and max_len > model.max_positions - 1:
+        raise TrainingError(f"data.max_len: {max_len} pieces and the end-of-sentence id do not fit the "
+                            f"{model.max_positions} learned positions (model.max_positions); set data.max_len to "
+                            f"{model.max_positions - 1} or less (the data is prepared with it)")  # fmt: skip
 
 
 def _batches(

@@ -7,17 +7,19 @@
     classifier.probabilities(texts)                              # (N, classes) tensor, columns in label order
     classifier.predict(premises, hypotheses)                     # a classifier trained on sentence pairs
 
-Texts are encoded as ``transduce prepare`` encoded the training data (truncated to ``data.max_len`` pieces), sorted
-by length and run in batches of ``batch_size``; the results come back in input order, one per text. A text's scores
-do not depend on the other texts of its batch (up to float rounding). An empty (or blank) text has no label: it is
-refused, as ``transduce classify`` refuses it.
+Texts are encoded as ``transduce prepare`` encoded the training data (truncated to ``data.max_len`` pieces, a pair
+longest-first; with learned positions to at most ``model.max_positions - 1``), sorted by length and run in batches
+of ``batch_size``; the results come back in input order, one per text. A text's scores do not depend on the other
+texts of its batch (up to float rounding). An empty (or blank) text has no label: it is refused, as ``transduce
+classify`` refuses it. The texts are a sequence (a list, a tuple): a generator is refused, as ``Translator`` refuses
+it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,9 @@ class Classifier:
         self.config = config
         self.labels: list[str] = list(model.config.labels)
         self.pairs = bool(config.data.text2_field)
+        self.max_len = config.data.max_len  # pieces a text (a pair: text <sep> text2) keeps
+        if model.config.positions == "learned":  # the text and its eos must fit the position table (<cls> has none)
+            self.max_len = min(self.max_len, model.config.max_positions - 1)
         self.batch_size = batch_size
         self._encode_lock = threading.Lock()  # tokenizers are not all documented as thread-safe
 
@@ -132,12 +137,13 @@ class Classifier:
         Raises:
             ValueError: a blank text; ``texts2`` missing for a classifier of pairs, given to one of single texts, or
                 of another length than ``texts``.
-            TypeError: one string instead of a sequence of them.
+            TypeError: one string, or an iterator (a generator, ``map``), instead of a sequence of strings; an item
+                that is not a string.
         """
         self._check(texts, texts2)
         c = self.config.model
         with self._encode_lock:
-            ids = encode_texts(self.tokenizer, texts, texts2, self.config.data.max_len, c.eos_id)
+            ids = encode_texts(self.tokenizer, texts, texts2, self.max_len, c.eos_id)
         out = torch.empty(len(ids), len(self.labels))
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # by length: little padding
         for start in range(0, len(order), self.batch_size):
@@ -168,6 +174,8 @@ class Classifier:
         for name, given in (("texts", texts), ("texts2", texts2)):
             if isinstance(given, str):
                 raise TypeError(f"{name}: a sequence of strings, not one string")
+            if given is not None and not isinstance(given, Collection):  # a generator, map(...): read once, no len
+                raise TypeError(f"{name}: a sequence of strings, not a {type(given).__name__}: pass list({name})")
         if self.pairs and texts2 is None:
             raise ValueError(f"this classifier reads sentence pairs (data.text2_field: {self.config.data.text2_field})"
                              ": give texts2, the second text of each pair")  # fmt: skip
@@ -178,6 +186,8 @@ class Classifier:
             raise ValueError(f"texts2: {len(texts2)} second texts for {len(texts)} texts")
         for name, given in (("texts", texts), ("texts2", texts2 or ())):
             for i, text in enumerate(given):
+                if not isinstance(text, str):
+                    raise TypeError(f"{name}[{i}]: a string, not {type(text).__name__}")
                 if not text.strip():
                     raise ValueError(f"{name}[{i}] is empty: an empty text has no class")
 

@@ -13,9 +13,11 @@ stored in the prepared manifest; the run puts it into ``model.labels``.
 
 Every fault is one :class:`~transduce.errors.DataError` naming the file and line, raised by the first pass, before
 any vocabulary is trained or any file is written: a line without its tab(s), a line that is not a JSON object with the
-fields, bytes that are not UTF-8, an empty label or text, and a label in the validation or a test corpus that the
-training corpus never has. Texts longer than ``data.max_len`` pieces are truncated (and counted), never dropped: every
-line of every corpus is kept, in order.
+fields, bytes that are not UTF-8, an empty label or text, a label holding a line break, a label in the validation or
+a test corpus that the training corpus never has, and a corpus without any line. Texts longer than ``data.max_len``
+pieces are truncated (and counted), never dropped: every line of every corpus is kept, in order. A pair is truncated
+longest-first, as BERT's are: pieces go from the end of the longer of its texts until ``text <sep> text2`` fits
+(:func:`fit_pair`), so that neither text is cut off entirely (``data.max_len`` >= 3). Classifying truncates so too.
 
 The prepared directory has the layout of a translation one (:mod:`transduce.data.binary`): the text ids are the
 ``src`` side and the class index of each line, one id, the ``tgt`` side; ``manifest.json`` adds ``labels``.
@@ -93,6 +95,8 @@ class LabelledCorpus:
             text2 = fields[2] if self.text2_field else None
             if label == "":
                 raise DataError(f"{where}: empty label")
+            if label is not None and ("\n" in label or "\r" in label):  # (a JSON string): a label is written a line
+                raise DataError(f"{where}: the label holds a line break")
             for what, value in (("text", text), ("second text", text2)):
                 if value is not None and not value.strip():
                     raise DataError(f"{where}: empty {what}")
@@ -164,12 +168,34 @@ def corpora(cfg: DataConfig) -> dict[str, LabelledCorpus]:
 def encode_texts(
     vocab: Vocabulary, texts: Sequence[str], texts2: Sequence[str] | None, max_len: int, sep_id: int
 ) -> list[list[int]]:
-    """The ids of each text (``text <sep> text2`` for pairs), truncated to ``max_len``; no end-of-sentence id (the
-    collate adds it). ``sep_id`` is the model's end-of-sentence id."""
-    ids = vocab.encode_src_batch(list(texts))
-    if texts2 is not None:
-        ids = [[*a, sep_id, *b] for a, b in zip(ids, vocab.encode_src_batch(list(texts2)), strict=True)]
-    return [s[:max_len] for s in ids]
+    """The ids of each text (``text <sep> text2`` for pairs), truncated to ``max_len`` (:func:`fit_examples`); no
+    end-of-sentence id (the collate adds it). ``sep_id`` is the model's end-of-sentence id."""
+    ids2 = vocab.encode_src_batch(list(texts2)) if texts2 is not None else None
+    return fit_examples(vocab.encode_src_batch(list(texts)), ids2, max_len, sep_id)[0]
+
+
+def fit_examples(
+    ids: list[list[int]], ids2: list[list[int]] | None, max_len: int, sep_id: int
+) -> tuple[list[list[int]], int]:
+    """Each text's ids cut to ``max_len``, or with ``ids2`` each pair's ``text <sep> text2`` fitted into ``max_len``
+    (:func:`fit_pair`); and how many were truncated."""
+    if ids2 is None:
+        return [s[:max_len] for s in ids], sum(len(s) > max_len for s in ids)
+    truncated = sum(len(a) + 1 + len(b) > max_len for a, b in zip(ids, ids2, strict=True))
+    return [fit_pair(a, b, max_len, sep_id) for a, b in zip(ids, ids2, strict=True)], truncated
+
+
+def fit_pair(ids: Sequence[int], ids2: Sequence[int], max_len: int, sep_id: int) -> list[int]:
+    """``ids <sep> ids2`` in at most ``max_len`` ids, truncated longest-first as BERT's pairs are: a piece at a time
+    goes from the end of the longer text (the second on a tie) until the pair fits; the separator stays.
+
+    The closed form of that loop: the second text keeps what the first leaves it, but at least half the room (rounded
+    down); the first then keeps the rest.
+    """
+    room = max(max_len - 1, 0)  # the separator's place taken
+    n2 = min(len(ids2), max(room - len(ids), room // 2))
+    n1 = min(len(ids), room - n2)
+    return [*ids[:n1], sep_id, *ids2[:n2]][:max_len]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -214,7 +240,8 @@ def _check(splits: dict[str, LabelledCorpus], sample_size: int) -> Checked:
     uniform sample of at most ``sample_size`` training texts (for the vocabulary; a pair's texts count as two).
 
     Raises:
-        DataError: the first fault, naming its file and line; a validation or test label the training corpus lacks.
+        DataError: the first fault, naming its file and line; a validation or test label the training corpus lacks;
+            a corpus without any line.
     """
     sample = Reservoir(sample_size)
     counts: Counter[str] = Counter()
@@ -225,7 +252,7 @@ def _check(splits: dict[str, LabelledCorpus], sample_size: int) -> Checked:
         for t in (text, text2) if text2 is not None else (text,):
             sample.offer(t)
     if not counts:
-        raise DataError(f"{splits['train'].path}: no examples")
+        raise DataError(f"{splits['train'].path}: no examples (the file is empty)")
     labels = sorted(counts)
     if len(labels) < 2:
         raise DataError(f"{splits['train'].path}: a classifier needs two labels at least, found only {labels[0]!r}")
@@ -239,17 +266,22 @@ def _check(splits: dict[str, LabelledCorpus], sample_size: int) -> Checked:
             if label not in known:
                 raise DataError(f"{corpus.path}, line {lineno}: label {label!r} does not occur in the training data "
                                 f"{splits['train'].path} (its labels: {', '.join(labels)})")  # fmt: skip
+        if not lines[split]:  # nothing to validate or test on
+            raise DataError(f"{corpus.path}: no examples (the file is empty)")
     log.info("%d labels in %s: %s", len(labels), splits["train"].path,
              ", ".join(f"{label} ({counts[label]})" for label in labels))  # fmt: skip
     return Checked(lines, sample.texts, labels)
 
 
-def _encode(tok: Vocabulary, chunk: list[tuple[int, str, str, str | None]]) -> tuple[list[list[int]], list[str]]:
-    """Pass 2: the ids of a chunk of examples (``text <sep> text2`` for pairs: :func:`encode_texts`, untruncated)
-    and their labels."""
-    texts2 = [t2 for *_, t2 in chunk] if chunk[0][3] is not None else None
-    sep = int(getattr(tok, "eos_id", EOS_ID))
-    return encode_texts(tok, [t for _, _, t, _ in chunk], texts2, 1 << 30, sep), [label for _, label, _, _ in chunk]
+def _encode(
+    tok: Vocabulary, chunk: list[tuple[int, str, str, str | None]], max_len: int
+) -> tuple[list[list[int]], list[str], int]:
+    """Pass 2: the ids of a chunk of examples (``text <sep> text2`` for pairs) truncated to ``max_len`` as
+    :func:`encode_texts` truncates them, their labels, and how many were truncated."""
+    ids = tok.encode_src_batch([t for _, _, t, _ in chunk])
+    ids2 = tok.encode_src_batch([t2 or "" for *_, t2 in chunk]) if chunk[0][3] is not None else None
+    fitted, truncated = fit_examples(ids, ids2, max_len, int(getattr(tok, "eos_id", EOS_ID)))
+    return fitted, [label for _, label, _, _ in chunk], truncated
 
 
 _TASK = TextTask("classify", record=LabelledCorpus.record, check=_check, lines=LabelledCorpus.examples,
@@ -268,6 +300,32 @@ def prepared_labels(prepared_dir: str | Path) -> list[str]:
     if manifest.get("task") != "classify" or "labels" not in manifest:
         raise DataError(f"{prepared_dir}: not prepared for classification (data.task: classify)")
     return list(manifest["labels"])
+
+
+def prepared_data_config(prepared_dir: str | Path, cfg: DataConfig) -> DataConfig:
+    """``cfg`` describing the data of a prepared classification directory as it was prepared: its fields (``label``,
+    ``text``, ``text2``: whether it holds sentence pairs) and ``max_len``, from the manifest. A run that trains on it
+    (``data.prepared`` without ``data.train``) saves them, so that its classifier reads texts as they were prepared.
+
+    Raises:
+        DataError: a field or ``max_len`` that ``cfg`` sets (not its default) to another value than the preparation's;
+            a directory not prepared for classification.
+    """
+    from transduce.data.binary import read_manifest
+
+    prepared_labels(prepared_dir)  # (prepared for classification)
+    manifest = read_manifest(prepared_dir)
+    fields = manifest.get("inputs", {}).get("train", {}).get("fields")
+    found: dict[str, Any] = {"max_len": manifest.get("options", {}).get("max_len", cfg.max_len)}
+    if isinstance(fields, list) and len(fields) == 3:
+        found.update(label_field=fields[0], text_field=fields[1], text2_field=fields[2])
+    default = DataConfig()
+    for name, value in found.items():
+        given = getattr(cfg, name)
+        if given != value and given != getattr(default, name):
+            raise DataError(f"data.{name}: the config says {given!r}, the data in {prepared_dir} was prepared with "
+                            f"{value!r}; leave data.{name} out (the prepared data sets it)")  # fmt: skip
+    return cfg.replace(**found)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -328,6 +386,9 @@ __all__ = [
     "collate_classes",
     "corpora",
     "encode_texts",
+    "fit_examples",
+    "fit_pair",
     "prepare_classification",
+    "prepared_data_config",
     "prepared_labels",
 ]

@@ -241,9 +241,10 @@ def _check(splits: dict[str, Path], sample_size: int) -> Checked:
     return Checked(lines, sample.texts)
 
 
-def _encode(tok: Vocabulary, chunk: list[tuple[int, str]]) -> tuple[list[list[int]], None]:
-    """Pass 2: the ids of a chunk of texts (the target side is empty)."""
-    return tok.encode_src_batch([text for _, text in chunk]), None
+def _encode(tok: Vocabulary, chunk: list[tuple[int, str]], max_len: int) -> tuple[list[list[int]], None, int]:
+    """Pass 2: the ids of a chunk of texts cut to ``max_len`` (the target side is empty), and how many were cut."""
+    ids = tok.encode_src_batch([text for _, text in chunk])
+    return [s[:max_len] for s in ids], None, sum(len(s) > max_len for s in ids)
 
 
 _TASK = TextTask("mlm", record=_record, check=_check, lines=texts, encode=_encode)
