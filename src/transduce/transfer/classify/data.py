@@ -135,7 +135,9 @@ class LabelledCorpus:
         """How the corpus is read and its file's identity, for the manifest (the shape of a translation record)."""
         file = file_record(self.path)
         fields = [self.label_field, self.text_field, self.text2_field]
-        return {"format": self.format, "fields": fields, "src": file, "tgt": dict(file)}
+        # pairs: how they are cut to max_len (fit_pair), so that a preparation cut otherwise is not reused
+        pairs = {"pair_truncation": "longest_first"} if self.text2_field else {}
+        return {"format": self.format, "fields": fields, **pairs, "src": file, "tgt": dict(file)}
 
 
 def resolve_corpus(key: str, spec: str | list[str], cfg: DataConfig) -> LabelledCorpus:
