@@ -109,6 +109,8 @@ def files(tmp_path_factory, checkpoint) -> Files:
     f.good.write_text("a man rides\nthe dog\n", encoding="utf-8")
     f.ref.write_text("a man rides\nthe dog\n", encoding="utf-8")
     f.tsv.write_text("a man rides\tein Mann fährt\nthe dog\tder Hund\n", encoding="utf-8")
+    (root / "langs.tsv").write_text("a man rides\tein Mann fährt\tde\nthe dog\tle chien\tfr\n", encoding="utf-8")
+    (root / "half.tsv").write_text("a man rides\tein Mann fährt\tde\nthe dog\tder Hund\n", encoding="utf-8")
     (root / "empty.tsv").write_bytes(b"")
     (root / "v.pieces.json").write_text("a man rides\n", encoding="utf-8")  # a text input named as an npy sidecar
     (root / "picture.tsv").write_bytes(BINARY)
@@ -258,6 +260,12 @@ ROWS = [
     refused("translate", "tgt-lang-of-one-language-model", lambda f: translate(f, "-i", f.good, "--tgt-lang", "fr"),
             "error: tgt_lang: 'fr': this model has no target-language tokens (it writes one language); leave the "
             "target language out"),
+    refused("translate", "languages-for-one-language-model", lambda f: translate(f, "-i", f.root / "langs.tsv"),
+            lambda f: f"error: {f.root / 'langs.tsv'}, line 1: 'de': this model has no target-language tokens (it "
+            "writes one language); leave the target language out"),
+    refused("translate", "line-without-its-language", lambda f: translate(f, "-i", f.root / "half.tsv"),
+            lambda f: f"error: {f.root / 'half.tsv'}, line 2: no target language (a third column) where line 1 names "
+            "one: name every line's target language or none"),
     refused("translate", "out-of-range-threads", lambda f: translate(f, "--threads", "-1"),
             "--threads must be >= 0 (got -1)"),
     refused("translate", "out-of-range-length", lambda f: translate(f, "--max-len-b", "-1"),
@@ -325,6 +333,12 @@ ROWS = [
             "--beam must be >= 1 (got 0)"),
     refused("evaluate", "output-is-input", lambda f: evaluate(f, "--model", f.model, "--src", f.good, "-o", f.ref),
             lambda f: f"error: -o/--output {f.ref} is the same file as --ref {f.ref}: {SAME}"),
+    refused("evaluate", "languages-for-one-language-model",
+            lambda f: ["--model", f.model, "--src", f.root / "langs.tsv", "-o", f.out()],
+            lambda f: f"error: {f.root / 'langs.tsv'}, line 1: 'de': this model has no target-language tokens (it "
+            "writes one language); leave the target language out"),
+    refused("evaluate", "search-option-without-translation", lambda f: evaluate(f, "--hyp", f.good, "--tgt-lang", "fr"),
+            "error: --tgt-lang applies to translating --src; with --hyp nothing is translated"),
     refused("evaluate", "output-without-translation", lambda f: evaluate(f, "--hyp", f.good, "-o", f.out()),
             "error: -o/--output writes the translations of --src; with --hyp nothing is translated"),
     refused("evaluate", "classifier-without-src", lambda f: classify(f),
