@@ -294,7 +294,7 @@ def line_languages(path: str, model: str, tgt_lang: str | None) -> dict[int, str
     from transduce.errors import DataError
     from transduce.text.langs import LanguageError, same_language
 
-    langs = read_languages(path) if path != "-" else {}
+    langs = read_languages(path)
     first: dict[str, int] = {}
     for lineno, code in langs.items():
         first.setdefault(code, lineno)

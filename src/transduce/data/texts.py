@@ -82,6 +82,11 @@ class TextTask(Generic[C, E]):
     encode: Callable[[Vocabulary, list[E], int], tuple[list[list[int]], list[str] | None, int]]
 
 
+def cut(ids: list[list[int]], max_len: int) -> tuple[list[list[int]], int]:
+    """Each text's ids cut to ``max_len``, and how many were longer (a task's ``encode`` for single texts)."""
+    return [s[:max_len] for s in ids], sum(len(s) > max_len for s in ids)
+
+
 class Reservoir:
     """A uniform sample of at most ``size`` of the texts offered, a deterministic function of them (reservoir sampling:
     memory bounded by the sample, not the corpus)."""

@@ -43,7 +43,7 @@ from transduce.data.binary import ParallelDataset
 from transduce.data.corpus import corpus_format
 from transduce.data.manifest import file_record
 from transduce.data.sampler import TokenBatchSampler
-from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, prepare_texts, text_corpora
+from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, cut, prepare_texts, text_corpora
 from transduce.errors import DataError
 from transduce.text.special import EOS_ID, PAD_ID
 from transduce.text.textio import decode_line, iter_raw_lines
@@ -172,8 +172,15 @@ def encode_texts(
 ) -> list[list[int]]:
     """The ids of each text (``text <sep> text2`` for pairs), truncated to ``max_len`` (:func:`fit_examples`); no
     end-of-sentence id (the collate adds it). ``sep_id`` is the model's end-of-sentence id."""
+    return _encoded(vocab, texts, texts2, max_len, sep_id)[0]
+
+
+def _encoded(
+    vocab: Vocabulary, texts: Sequence[str], texts2: Sequence[str] | None, max_len: int, sep_id: int
+) -> tuple[list[list[int]], int]:
+    """:func:`encode_texts`, and how many texts (pairs) were truncated."""
     ids2 = vocab.encode_src_batch(list(texts2)) if texts2 is not None else None
-    return fit_examples(vocab.encode_src_batch(list(texts)), ids2, max_len, sep_id)[0]
+    return fit_examples(vocab.encode_src_batch(list(texts)), ids2, max_len, sep_id)
 
 
 def fit_examples(
@@ -182,7 +189,7 @@ def fit_examples(
     """Each text's ids cut to ``max_len``, or with ``ids2`` each pair's ``text <sep> text2`` fitted into ``max_len``
     (:func:`fit_pair`); and how many were truncated."""
     if ids2 is None:
-        return [s[:max_len] for s in ids], sum(len(s) > max_len for s in ids)
+        return cut(ids, max_len)
     truncated = sum(len(a) + 1 + len(b) > max_len for a, b in zip(ids, ids2, strict=True))
     return [fit_pair(a, b, max_len, sep_id) for a, b in zip(ids, ids2, strict=True)], truncated
 
@@ -280,10 +287,10 @@ def _encode(
 ) -> tuple[list[list[int]], list[str], int]:
     """Pass 2: the ids of a chunk of examples (``text <sep> text2`` for pairs) truncated to ``max_len`` as
     :func:`encode_texts` truncates them, their labels, and how many were truncated."""
-    ids = tok.encode_src_batch([t for _, _, t, _ in chunk])
-    ids2 = tok.encode_src_batch([t2 or "" for *_, t2 in chunk]) if chunk[0][3] is not None else None
-    fitted, truncated = fit_examples(ids, ids2, max_len, int(getattr(tok, "eos_id", EOS_ID)))
-    return fitted, [label for _, label, _, _ in chunk], truncated
+    texts2 = [t2 for *_, t2 in chunk] if chunk[0][3] is not None else None
+    sep = int(getattr(tok, "eos_id", EOS_ID))
+    ids, truncated = _encoded(tok, [t for _, _, t, _ in chunk], texts2, max_len, sep)
+    return ids, [label for _, label, _, _ in chunk], truncated
 
 
 _TASK = TextTask("classify", record=LabelledCorpus.record, check=_check, lines=LabelledCorpus.examples,

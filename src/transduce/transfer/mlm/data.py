@@ -41,7 +41,7 @@ from transduce.data.batch import _pad
 from transduce.data.binary import ParallelDataset
 from transduce.data.manifest import file_record
 from transduce.data.sampler import TokenBatchSampler
-from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, prepare_texts, text_corpora
+from transduce.data.texts import Checked, GivenVocabulary, Reservoir, TextTask, cut, prepare_texts, text_corpora
 from transduce.errors import DataError
 from transduce.text.special import EOS_ID, PAD_ID
 from transduce.text.textio import decode_line, iter_raw_lines, resolve_corpus_file
@@ -243,8 +243,8 @@ def _check(splits: dict[str, Path], sample_size: int) -> Checked:
 
 def _encode(tok: Vocabulary, chunk: list[tuple[int, str]], max_len: int) -> tuple[list[list[int]], None, int]:
     """Pass 2: the ids of a chunk of texts cut to ``max_len`` (the target side is empty), and how many were cut."""
-    ids = tok.encode_src_batch([text for _, text in chunk])
-    return [s[:max_len] for s in ids], None, sum(len(s) > max_len for s in ids)
+    ids, truncated = cut(tok.encode_src_batch([text for _, text in chunk]), max_len)
+    return ids, None, truncated
 
 
 _TASK = TextTask("mlm", record=_record, check=_check, lines=texts, encode=_encode)
