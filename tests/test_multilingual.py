@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,6 +190,27 @@ def test_a_prefix_reads_each_target_language_and_gives_each_source_its_token(tmp
     refs, kind = read_references(ParallelDataset(tmp_path / "prep", "valid"), tok)
     valid = (corpus / "valid.en").read_text().splitlines()
     assert kind == "raw" and refs == valid + [reverse(s) for s in valid]
+
+
+def test_bpe_dropout_keeps_each_source_s_language_token_in_front(tmp_path: Path):
+    """The token is a piece put before the text by id: BPE-dropout re-segments the text only. Without dropout it
+    gives the prepared pairs back exactly; with it every source still starts with its own token, once."""
+    from transduce.data.bpe_dropout import BPEDropoutEpochs
+
+    corpus = write_toy_corpus(tmp_path / "corpus", n_train=50, n_valid=5)
+    prepare(data_config(str(corpus / "train"), vocab_type="bpe"), tmp_path / "prep")
+    tok = load_vocabulary(tmp_path / "prep")
+    data = ParallelDataset(tmp_path / "prep", "train")
+    langs = list(tok.lang_tokens().values())
+    epochs = BPEDropoutEpochs(data, tok, 0.3, 256, seed=1)
+    plain = epochs.src_bpe.encode(epochs.src_text, 0.0, np.random.default_rng(0))
+    assert [pre + ids for pre, ids in zip(epochs.src_prefix, plain, strict=True)] == [
+        data[i][0].tolist() for i in range(len(data))
+    ]
+    src, _ = epochs.segment(1)
+    assert [s[0] for s in src] == [data[i][0][0] for i in range(len(data))] == [langs[0]] * 50 + [langs[1]] * 50
+    assert not any(i in langs for s in src for i in s[1:])
+    assert [tok.decode_src(s[1:]) for s in src] == [tok.decode_src(data[i][0][1:]) for i in range(len(data))]
 
 
 def test_tsv_and_json_lines_name_the_language_of_each_line(tmp_path: Path):

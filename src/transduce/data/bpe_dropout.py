@@ -11,7 +11,9 @@ epoch. Translation and validation segment deterministically, as always.
 - :class:`BPEDropoutEpochs` is the training split's dataset and batch sampler in one, since an epoch's batches
   depend on that epoch's lengths: every pair's text is decoded once from the prepared ids (SentencePiece decoding is
   lossless), segmented anew when an epoch starts, and batched under the token budget as the prepared lengths are
-  (:class:`~transduce.data.sampler.TokenBatchSampler`).
+  (:class:`~transduce.data.sampler.TokenBatchSampler`). A source's target-language token (``>>ces<<``,
+  :mod:`transduce.text.langs`) is one piece put before the text by id, not text: it is kept out of the
+  segmentation and put back in front of every epoch's pieces.
 
 An epoch's segmentation is a pure function of ``(seed, epoch)``, the same on every rank, so that resuming is exact
 and data-parallel ranks agree on the batches. It stays within ``data.max_len`` (the limit the prepared pairs were
@@ -102,6 +104,14 @@ class _Uniforms:
             return next(self._it)
 
 
+def _leading(ids: np.ndarray, lang_ids: set[int]) -> list[int]:
+    """The target-language token ids at the start of a source (``[]`` for none)."""
+    n = 0
+    while n < len(ids) and int(ids[n]) in lang_ids:
+        n += 1
+    return [int(i) for i in ids[:n]]
+
+
 class SegmentedPairs:
     """The pairs of one segmentation: ``self[i] -> (src_ids, tgt_ids)``, like a :class:`ParallelDataset`."""
 
@@ -155,7 +165,10 @@ class BPEDropoutEpochs:
         self.prepared = dataset  # a too-long pair's segmentation
         self.max_tokens, self.seed, self.rank, self.world_size = max_tokens, seed, rank, world_size
         self.dataset = SegmentedPairs([dataset[i] for i in range(len(dataset))])
-        self.src_text = [tokenizer.decode_src(src) for src, _ in self.dataset.pairs]
+        lang_ids = set(tokenizer.lang_tokens().values())
+        self.src_prefix = [_leading(src, lang_ids) for src, _ in self.dataset.pairs]  # a language token, or []
+        self.src_text = [tokenizer.decode_src(src[len(pre) :]) for (src, _), pre in zip(self.dataset.pairs,
+                                                                                       self.src_prefix)]  # fmt: skip
         self.tgt_text = [tokenizer.decode_tgt(tgt) for _, tgt in self.dataset.pairs]
         self.prepared_pieces = int(dataset.src_lengths.sum()) + int(dataset.tgt_lengths.sum())
         self.epoch: int | None = None  # the epoch whose segmentation self.dataset holds; None: the prepared one
@@ -172,7 +185,7 @@ class BPEDropoutEpochs:
     def _segment(self, epoch: int) -> tuple[list[list[int]], list[list[int]], int]:
         """:meth:`segment`, and how many pairs kept their prepared segmentation (dropout made them too long)."""
         rng = np.random.default_rng([self.seed, epoch])
-        src = self.src_bpe.encode(self.src_text, self.dropout, rng)
+        src = [pre + ids for pre, ids in zip(self.src_prefix, self.src_bpe.encode(self.src_text, self.dropout, rng))]
         tgt = self.tgt_bpe.encode(self.tgt_text, self.dropout, rng)
         too_long = 0
         if self.max_len:
