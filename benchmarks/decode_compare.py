@@ -18,9 +18,12 @@ Variants of transduce's fast paths, for comparisons on one CPU (not in the defau
 ``ours-bf16-cast`` (the whole model cast to bf16, the kernels then off), ``ours-linear-early`` (fp32 through
 ``F.linear`` with oneDNN's packed output layer, without transposed weight copies), ``ours-packed-output-early``
 (oneDNN's packed output layer, transposed copies for the other layers), ``ours-bf16-all-early`` (bf16
-products for every layer, whatever its size) and ``ours-int8-vnni`` (int8 through
-transduce's VNNI kernel alone, without oneDNN's AMX products where the CPU has them); ``ours-bf16-early`` and
-``ours-int8-vnni-early`` with CTranslate2's stopping rule.
+products for every layer, whatever its size), ``ours-bf16-onednn-early`` (bf16 products through oneDNN, not
+transduce's AMX kernel: the layers of at least ``bf16_min_weights`` weights), ``ours-copied-early`` and
+``ours-by-position-early`` (the step's self-attention cache copied into row order at every step, or stored by
+position, whatever the source's length; ``ours-bf16-copied-early``, ``ours-bf16-by-position-early`` the same in
+bf16) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel alone, without oneDNN's AMX products where the
+CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
 
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
@@ -199,8 +202,15 @@ def main() -> None:
     int8 = Translator(quantize_int8(translator.model), tok, translator.decode) if "int8" in wanted_any(wanted) else None
     bf16 = None
     # bf16 products, the rest float32 (model/bf16.py)
-    if {"ours-bf16", "ours-bf16-early", "ours-bf16-fallback"} & set(wanted):
+    if any(
+        name.startswith("ours-bf16") and name not in ("ours-bf16-all-early", "ours-bf16-onednn-early", "ours-bf16-cast")
+        for name in wanted
+    ):
         bf16 = Translator(translator.model, tok, translator.decode, precision="bf16")
+    bf16_onednn = None
+    if "ours-bf16-onednn-early" in wanted:  # oneDNN's bf16 products (layers of at least bf16_min_weights weights)
+        with fastpaths.override(bf16_amx=False):
+            bf16_onednn = Translator(translator.model, tok, translator.decode, precision="bf16")
     bf16_all = None
     if "ours-bf16-all-early" in wanted:  # bf16 products for every linear layer, whatever its size
         with fastpaths.override(bf16_min_weights=0):
@@ -210,8 +220,12 @@ def main() -> None:
         cast = Translator(copy.deepcopy(translator.model).to(torch.bfloat16), tok, translator.decode)
     linear_paths = {"transposed_weights": False, "onednn": fastpaths.onednn_available()}  # no transposed copies
     packed = {"onednn": fastpaths.onednn_available()}  # oneDNN's packed output layer, transposed copies elsewhere
+    copied = {"by_position_min_source": 1 << 30}  # the self-attention cache copied into row order at every step
+    by_position = {"by_position_min_source": 0}  # ... or stored by position, whatever the source's length
     for name, tr, label, early, paths in [
         ("ours", translator, "transduce fp32", False, None),
+        ("ours-copied-early", translator, "transduce fp32, cache copied, early stopping", True, copied),
+        ("ours-by-position-early", translator, "transduce fp32, cache by position, early stopping", True, by_position),
         ("ours-early", translator, "transduce fp32, early stopping", True, None),
         ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
         ("ours-linear-early", translator, "transduce fp32, F.linear, early stopping", True, linear_paths),
@@ -219,7 +233,22 @@ def main() -> None:
         ("ours-bf16-all-early", bf16_all, "transduce bf16 for every layer, early stopping", True, None),
         ("ours-bf16", bf16, "transduce bf16", False, None),
         ("ours-bf16-early", bf16, "transduce bf16, early stopping", True, None),
-        ("ours-bf16-fallback", bf16, "transduce bf16, F.linear products", False, {"bf16_onednn": False}),
+        ("ours-bf16-copied-early", bf16, "transduce bf16, cache copied, early stopping", True, copied),
+        ("ours-bf16-by-position-early", bf16, "transduce bf16, cache by position, early stopping", True, by_position),
+        (
+            "ours-bf16-onednn-early",
+            bf16_onednn,
+            "transduce bf16, oneDNN products, early stopping",
+            True,
+            {"bf16_amx": False},
+        ),
+        (
+            "ours-bf16-fallback",
+            bf16,
+            "transduce bf16, F.linear products",
+            False,
+            {"bf16_onednn": False, "bf16_amx": False},
+        ),
         ("ours-bf16-cast", cast, "transduce, whole model cast to bf16", False, None),
         ("ours-int8", int8, "transduce int8", False, None),
         ("ours-int8-early", int8, "transduce int8, early stopping", True, None),

@@ -36,7 +36,7 @@ AMX_INTEL = fastpaths.CpuFeatures(INTEL, "AVX512", True, True, True, True)  # Sa
 )  # fmt: skip
 def test_the_cpu_kind_drives_the_fast_paths_and_the_decoding_precision(
     monkeypatch, cpu, kind, onednn_layers, transposed, int8_min_weights, precision
-):
+):  # (and transduce's AMX kernel for bf16 products only where the CPU has AMX-BF16)
     """oneDNN for every fp32 layer only on AMD with AVX-512 (MKL stops at AVX2 there); transposed weight copies
     (MKL's plain product) instead of oneDNN's packed output layer on Intel with AVX-512; int8 for every layer where
     there is VNNI; bf16 decoding under ``auto`` only with AMX (and oneDNN)."""
@@ -47,6 +47,7 @@ def test_the_cpu_kind_drives_the_fast_paths_and_the_decoding_precision(
     assert paths.transposed_weights is transposed
     assert paths.onednn is (not transposed and fastpaths.onednn_available())
     assert paths.int8_min_weights == int8_min_weights
+    assert paths.bf16_amx is (kind == "AMX")
     assert fastpaths.decode_precision()[0] == (precision if fastpaths.onednn_available() else "fp32")
     assert fastpaths.decode_precision(cpu) == fastpaths.decode_precision()
 
@@ -107,6 +108,74 @@ def test_onednn_and_the_fallback_give_the_same_bf16_products(bias, relu):
     torch.testing.assert_close(step(x.view(14, 96)), fast.view(14, 40) - residual.view(14, 40), atol=0.02, rtol=0.02)
 
 
+AMX = bf16.amx_kernel()
+needs_amx = pytest.mark.skipif(AMX is None, reason="transduce's AMX kernel needs a CPU with AMX-BF16 (and the kernels)")
+
+
+@needs_amx
+@pytest.mark.parametrize("rows, inputs, outputs", [(1, 8, 3), (5, 40, 17), (16, 32, 16), (17, 100, 50),
+                                                   (33, 128, 384), (70, 256, 130)])  # fmt: skip
+def test_the_amx_kernel_is_the_float32_sum_of_bf16_rounded_products(rows, inputs, outputs):
+    """Every shape (rows, inputs and outputs not multiples of the tiles' 16 and 32): the product of the input
+    rounded to bf16 and the bf16 weight, summed in float32, with the bias, the ReLU and a residual read through its
+    row stride; up to the order of summation the float64 value of the same rounded numbers."""
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 2 * inputs)[:, ::2]  # (the kernel takes dense rows: a copy is made for this one below)
+    x, weight = x.contiguous(), torch.randn(outputs, inputs).bfloat16()
+    bias, residual = torch.randn(outputs), torch.randn(rows, outputs + 5)[:, 2 : outputs + 2]
+    packed = AMX.amx_bf16_pack(weight)
+    exact = x.bfloat16().double() @ weight.double().T
+    for b, r, relu in [(None, None, False), (bias, None, True), (bias, residual, False), (None, residual, True)]:
+        y = AMX.amx_bf16_linear(x, packed, b, r, relu, outputs)
+        expected = exact + (0 if b is None else b.double())
+        expected = expected.relu() if relu else expected
+        expected = expected + (0 if r is None else r.double())
+        assert y.dtype == torch.float32 and y.shape == (rows, outputs)
+        torch.testing.assert_close(y.double(), expected, atol=1e-4 * inputs**0.5, rtol=1e-5)
+    assert AMX.amx_bf16_linear(torch.zeros(0, inputs), packed, bias, None, False, outputs).shape == (0, outputs)
+
+
+@needs_amx
+def test_the_amx_kernel_refuses_a_weight_of_another_shape_in_one_line():
+    packed = AMX.amx_bf16_pack(torch.randn(20, 40).bfloat16())
+    with pytest.raises(RuntimeError, match=r"amx_bf16_linear: x has 100 inputs, the weight 64 \(padded to 32\)"):
+        AMX.amx_bf16_linear(torch.randn(3, 100), packed, None, None, False, 20)
+    with pytest.raises(RuntimeError, match=r"amx_bf16_linear: 40 outputs, the weight holds 32 \(padded to 16\)"):
+        AMX.amx_bf16_linear(torch.randn(3, 40), packed, None, None, False, 40)
+
+
+@needs_amx
+@pytest.mark.parametrize("relu", [True, False])
+def test_a_bf16_layer_through_the_amx_kernel_matches_onednn_and_reads_strided_rows(relu):
+    """A decoding step hands the layer views (the last position of each row, a residual sliced out of a wider
+    tensor): the AMX route reads them through their strides and gives what oneDNN's route gives, up to the bf16
+    rounding of oneDNN's output (the AMX route keeps the float32 sums)."""
+    torch.manual_seed(1)
+    layer = bf16.BF16Linear(nn.Linear(256, 96))
+    x, residual = torch.randn(8, 3, 256)[:, -1, :], torch.randn(8, 3, 96)[:, 1, :]
+    activation = "relu" if relu else None
+    with torch.inference_mode():
+        tiles = bf16.project(layer, x, activation, residual)
+        with fastpaths.override(bf16_amx=False):
+            onednn = bf16.project(layer, x, activation, residual)
+        exact = x.bfloat16().float() @ layer.weight.float().T + layer.bias.float()
+        exact = (exact.relu() if relu else exact) + residual
+    torch.testing.assert_close(tiles, exact, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(tiles, onednn, atol=0.05, rtol=0.01)
+    assert (tiles - exact).abs().max() < (onednn - exact).abs().max()
+
+
+@needs_amx
+def test_with_the_amx_kernel_every_layer_gets_bf16_products():
+    from transduce import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=40, tgt_vocab_size=40)).eval()
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    assert sum(type(m) is bf16.BF16Linear for m in bf16.bf16_products(model).modules()) == linears
+    with fastpaths.override(bf16_amx=False):  # oneDNN's route: only the layers of at least bf16_min_weights
+        assert not any(type(m) is bf16.BF16Linear for m in bf16.bf16_products(model).modules())
+
+
 def test_bf16_products_copies_the_model_and_leaves_the_rest_float32():
     torch.manual_seed(0)
     from transduce import ModelConfig, Transformer
@@ -128,7 +197,8 @@ def test_bf16_products_copies_the_model_and_leaves_the_rest_float32():
 
 def test_bf16_products_leave_layers_below_the_size_in_float32():
     """Layers with fewer than ``min_weights`` weights stay ``nn.Linear`` in float32 (the setting's default applies
-    when none is given); the mixed model decodes as the all-bf16 and the float32 ones do, to bf16 rounding."""
+    when none is given and the products go through oneDNN); the mixed model decodes as the all-bf16 and the
+    float32 ones do, to bf16 rounding."""
     torch.manual_seed(0)
     from transduce import ModelConfig, Transformer
 
@@ -137,7 +207,7 @@ def test_bf16_products_leave_layers_below_the_size_in_float32():
     sizes = sorted({m.weight.numel() for m in model.modules() if type(m) is nn.Linear})
     bound = sizes[-1]  # only the largest layers (the pre-softmax projection) get bf16 products
     mixed = bf16.bf16_products(model, min_weights=bound)
-    with fastpaths.override(bf16_min_weights=bound):
+    with fastpaths.override(bf16_min_weights=bound, bf16_amx=False):  # (the AMX kernel takes every layer)
         assert [type(m) for m in bf16.bf16_products(model).modules()] == [type(m) for m in mixed.modules()]
     for name, m in mixed.named_modules():
         if type(m) in (nn.Linear, bf16.BF16Linear):
@@ -159,7 +229,8 @@ def test_bf16_products_leave_layers_below_the_size_in_float32():
 def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkpoint: Path):
     """The trained copy model translates the same in bf16 as in fp32 (beam 4 and greedy), with oneDNN's product and
     the conversion kernels, and with both fallbacks (``F.linear``, ``Tensor.to``: the path of a CPU without
-    AVX-512 or a build without the kernels), and the n-best scores stay close."""
+    AVX-512 or a build without the kernels), and with transduce's AMX kernel where the CPU has AMX, and the n-best
+    scores stay close."""
     sentences = copy_sentences(24, seed=5)
     fp32 = Translator.load(copy_checkpoint, precision="fp32")
     with fastpaths.override(bf16_min_weights=0):  # every layer (the copy model's are small)
@@ -168,8 +239,8 @@ def test_bf16_and_fp32_give_the_same_translations_of_a_trained_model(copy_checkp
     with one_thread():
         expected = fp32.translate(sentences, beam=4), fp32.translate(sentences, beam=1)
         scores = [h[0].score for h in fp32.translate_nbest(sentences, nbest=1, beam=4)]
-        for on in (True, False):
-            with fastpaths.override(bf16_onednn=on, kernels=on):
+        for amx, on in ((True, True), (False, True), (False, False)):  # the AMX kernel, oneDNN, the fallbacks
+            with fastpaths.override(bf16_amx=amx, bf16_onednn=on, kernels=on):
                 assert (half.translate(sentences, beam=4), half.translate(sentences, beam=1)) == expected
                 got = [h[0].score for h in half.translate_nbest(sentences, nbest=1, beam=4)]
                 assert got == pytest.approx(scores, abs=0.05)

@@ -145,19 +145,26 @@ def test_a_training_step_is_the_same_with_every_fast_path_off():
 
 
 @pytest.mark.parametrize(
-    "capability, bf16, vnni, suffix, has, lacks",
-    [("AVX512", True, True, "avx512bf16_vnni", ["-mavx512bf16", "-mavx512vnni"], []),
-     ("AVX512", False, True, "avx512_vnni", ["-mavx512vnni"], ["-mavx512bf16"]),
-     ("AVX512", False, False, "avx2", ["-mavx2", "-mfma"], ["-mavx512f"]),
-     ("AVX2", False, False, "avx2", ["-mavx2", "-mfma"], ["-mavx512f"]),
-     ("DEFAULT", False, False, "generic", [], ["-mavx2"])],
+    "capability, bf16, vnni, amx, suffix, has, lacks",
+    [("AVX512", True, True, True, "avx512bf16_vnni_amx", ["-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"],
+      []),
+     ("AVX512", True, True, False, "avx512bf16_vnni", ["-mavx512bf16", "-mavx512vnni"], ["-mamx-tile"]),
+     ("AVX512", False, True, False, "avx512_vnni", ["-mavx512vnni"], ["-mavx512bf16", "-mamx-tile"]),
+     ("AVX512", False, False, False, "avx2", ["-mavx2", "-mfma"], ["-mavx512f"]),
+     ("AVX2", False, False, False, "avx2", ["-mavx2", "-mfma"], ["-mavx512f", "-mamx-tile"]),
+     ("DEFAULT", False, False, False, "generic", [], ["-mavx2"])],
 )  # fmt: skip
-def test_the_kernels_are_built_for_the_cpus_vector_extensions(monkeypatch, capability, bf16, vnni, suffix, has, lacks):
-    """CPUs without AVX-512 (or without its bf16 and VNNI extensions) get a build of their own, which the int8
-    product is left out of (int8_kernel then falls back to fbgemm) and whose name keeps it apart in the cache."""
+def test_the_kernels_are_built_for_the_cpus_vector_extensions(
+    monkeypatch, capability, bf16, vnni, amx, suffix, has, lacks
+):
+    """CPUs without AVX-512 (or without its bf16 and VNNI extensions, or without AMX) get a build of their own,
+    which the int8 product (and the AMX bf16 product) is left out of (int8_kernel then falls back to fbgemm, bf16
+    products to oneDNN) and whose name keeps it apart in the cache."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni, raising=False)
+    cpu = fastpaths.CpuFeatures("GenuineIntel", capability, vnni, bf16, amx, amx)
+    monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
     name, flags = kernels._arch_flags()
     assert name == suffix
     assert all(f in flags for f in has) and not any(f in flags for f in lacks)

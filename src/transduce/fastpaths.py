@@ -48,11 +48,16 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   least ``int8_amx_min_rows`` rows made by oneDNN's int8 matrix multiplication, which runs in AMX tiles (the rows
   quantised by the kernel as before; ``model/quantize.py``); on where the CPU has AMX-INT8. Fallback: the VNNI kernel
   alone.
+- ``bf16_amx``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`) through transduce's
+  AMX kernel (``model/csrc/amx.cpp``: rows rounded to bf16, the weight packed once into the tiles' layout, bias, ReLU
+  and residual in the same pass), every layer whatever its size; on where the CPU has AMX-BF16 (and the kernels
+  were built for it). Fallback: ``bf16_onednn``, else ``F.linear`` on bf16 tensors.
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
-- ``bf16_min_weights``: :func:`~transduce.model.bf16.bf16_products` gives bf16 products to the linear layers of at
-  least this many weights (2^16); smaller ones stay float32, where a bf16 product's fixed cost loses.
+- ``bf16_min_weights``: without the AMX kernel, :func:`~transduce.model.bf16.bf16_products` gives bf16 products to
+  the linear layers of at least this many weights (2^16); smaller ones stay float32, where oneDNN's fixed cost
+  loses.
 - ``pause_gc``, ``pause_gc_limit_s``: Python's cyclic garbage collector paused during searches
   (``search/common.py: gc_paused``), for at most ``pause_gc_limit_s`` while searches keep overlapping. Fallback:
   the collector runs as usual.
@@ -63,7 +68,7 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
 
 The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
 ``onednn_layers`` (:func:`onednn_beats_mkl`), ``onednn`` and ``transposed_weights`` (:func:`transposed_beats_packed`),
-``int8_min_weights``, ``int8_amx`` and the precision ``auto`` decodes
+``int8_min_weights``, ``int8_amx``, ``bf16_amx`` and the precision ``auto`` decodes
 in (:func:`decode_precision`).
 
 Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
@@ -236,11 +241,14 @@ class FastPaths:
     int8_amx_min_weights: int = 1 << 18
     int8_amx_min_inputs: int = 256
     int8_amx_min_rows: int = 96
-    # bf16 linear layers (model/bf16.py) through oneDNN with packed weights; False: F.linear on bf16 tensors
+    # bf16 linear layers (model/bf16.py) through transduce's AMX kernel (model/csrc/amx.cpp) where the CPU has AMX-BF16:
+    # 2-12x MKL's float32 product and 1.4-15x oneDNN's bf16 one on the presets' decoding shapes (docs/benchmarks.md)
+    bf16_amx: bool = field(default_factory=lambda: cpu_features().amx_bf16)
+    # ... else through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)
-    # bf16_products leaves linear layers with fewer weights in float32: oneDNN's fixed cost of 40-50 us a call loses
-    # to MKL's float32 product there (a `tiny` model's 128 x 384 layer: 0.50-0.78x at 8-32 rows; a 256 x 256 layer
-    # 1.20x at 32 rows already)
+    # without the AMX kernel, bf16_products leaves linear layers with fewer weights in float32: oneDNN's fixed cost of
+    # 40-50 us a call loses to MKL's float32 product there (a `tiny` model's 128 x 384 layer: 0.50-0.78x at 8-32 rows;
+    # a 256 x 256 layer 1.20x at 32 rows already)
     bf16_min_weights: int = 1 << 16
     # Python's cyclic garbage collector off during searches (search/common.py: gc_paused) ...
     pause_gc: bool = True

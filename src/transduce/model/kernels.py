@@ -1,5 +1,5 @@
-"""transduce's own CPU kernels, built from ``csrc/decoding.cpp``, ``csrc/training.cpp``, ``csrc/int8.cpp`` and
-``csrc/allocator.cpp`` on first use.
+"""transduce's own CPU kernels, built from ``csrc/decoding.cpp``, ``csrc/training.cpp``, ``csrc/int8.cpp``,
+``csrc/amx.cpp`` and ``csrc/allocator.cpp`` on first use.
 
 For decoding steps:
 
@@ -18,6 +18,13 @@ For int8 inference (``csrc/int8.cpp``, built only for CPUs with AVX512-VNNI):
 
 - ``int8_linear``: a dynamically quantised linear layer, each input row quantised with its own scale, the products
   summed by VPDPBUSD (:func:`transduce.model.quantize.int8_function`).
+
+For bf16 inference (``csrc/amx.cpp``, built only for CPUs with AMX-BF16):
+
+- ``amx_bf16_linear``: a linear layer with a bf16 weight, the float32 rows rounded to bf16 and multiplied in the AMX
+  tiles, the float32 sums written with the bias, ReLU and residual (:func:`transduce.model.bf16.project`);
+  ``amx_bf16_pack`` puts the weight into the tiles' layout once; ``amx_available`` asks the operating system for the
+  tiles' state.
 
 For training steps (float32 and bfloat16):
 
@@ -42,7 +49,8 @@ load it at once. Where it cannot be built, transduce warns once and uses PyTorch
 ``transduce.fastpaths.settings.kernels = False``) turns the kernels off.
 
 The compiled code is specific to the CPU features it was built for (AVX2 and FMA when the CPU has them, as PyTorch
-reports; with AVX-512, AVX512-BF16's float-to-bf16 conversion and AVX512-VNNI's int8 products where present), and
+reports; with AVX-512, AVX512-BF16's float-to-bf16 conversion, AVX512-VNNI's int8 products and AMX-BF16's tiles
+where present), and
 the extension's name says which, so machines of different kinds can share one cache directory. The name also carries
 a hash of the Python environment (interpreter, PyTorch's version and location), so two environments on one machine
 never rebuild over each other or load each other's build.
@@ -79,7 +87,7 @@ from transduce import fastpaths
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp", CSRC / "allocator.cpp")
+SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp", CSRC / "allocator.cpp", CSRC / "amx.cpp")
 HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
 
 _DEFAULT_BUILD_WAIT_S = 300.0
@@ -130,7 +138,9 @@ def _arch_flags() -> tuple[str, list[str]]:
             flags = ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mprefer-vector-width=256"]
             flags += ["-mavx512bf16"] if bf16 else []
             flags += ["-mavx512vnni"] if vnni else []
-            return "avx512" + ("bf16" if bf16 else "") + ("_vnni" if vnni else ""), flags
+            amx = bf16 and fastpaths.cpu_features().amx_bf16
+            flags += ["-mamx-tile", "-mamx-bf16"] if amx else []
+            return "avx512" + ("bf16" if bf16 else "") + ("_vnni" if vnni else "") + ("_amx" if amx else ""), flags
     if capability in ("AVX2", "AVX512"):
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []

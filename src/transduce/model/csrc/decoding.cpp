@@ -515,6 +515,7 @@ torch::Tensor layer_norm(const torch::Tensor& x, const c10::optional<torch::Tens
 void register_training(pybind11::module_& m);  // training.cpp
 void register_int8(pybind11::module_& m);      // int8.cpp
 void register_allocator(pybind11::module_& m);  // allocator.cpp
+void register_amx(pybind11::module_& m);        // amx.cpp
 
 // The kernels touch no Python object: they let other threads (a server's) run Python meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -522,6 +523,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_training(m);
   register_int8(m);
   register_allocator(m);
+  register_amx(m);
   m.def("attend", &attend, "attention of a decoding step", pybind11::arg("q"), pybind11::arg("k"),
         pybind11::arg("v"), pybind11::arg("mask"), pybind11::arg("scale"), release());
   m.def("attend_by_table", &attend_by_table, "self-attention of a decoding step over a cache stored by position",
