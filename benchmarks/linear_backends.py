@@ -2,10 +2,11 @@
 contiguous transposed copy of the weight (``transduce.model.packed.transposed_weight``, what
 ``fastpaths.settings.transposed_weights`` decodes with), through oneDNN with the weight packed once
 (``transduce.model.packed.project``), with bf16 weights and products (``transduce.model.bf16``: float32 in
-and out, as ``--precision bf16`` decodes on the CPU) and with dynamic int8 quantisation
+and out, as ``--precision bf16`` decodes on the CPU: transduce's AMX kernel where the CPU has AMX-BF16, with
+oneDNN's bf16 product beside it there) and with dynamic int8 quantisation
 (``transduce.model.quantize``, every layer whatever its size) through PyTorch's operation (fbgemm), through
-transduce's VNNI kernel (where the CPU has AVX512-VNNI) and through the kernel's quantisation with oneDNN's int8
-matrix multiplication making the sums (AMX tiles where the CPU has AMX-INT8), side by side: time per call and
+transduce's VNNI kernel (where the CPU has AVX512-VNNI) and through the same product in AMX tiles (where the CPU has
+AMX-INT8), side by side: time per call and
 GFLOP/s by layer shape and row count.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python benchmarks/linear_backends.py \\
@@ -31,7 +32,7 @@ from harness import add_common_args, apply_common_args, interleaved, machine, ta
 from transduce import fastpaths
 from transduce.config import ModelConfig
 from transduce.model import bf16, kernels, packed
-from transduce.model.quantize import amx_int8_available, int8_function, quantize_int8
+from transduce.model.quantize import int8_function, quantize_int8
 
 
 def per_call(fns: list, reps: int) -> list[float]:
@@ -71,11 +72,13 @@ def main() -> None:
     print(machine())
     print(f"preset {args.preset} (d_model {d}, d_ff {f}); median of {args.reps}\n")
     vnni = hasattr(kernels.compiled(), "int8_linear")
-    amx = vnni and amx_int8_available()
+    amx = vnni and hasattr(kernels.compiled(), "int8_amx_linear") and kernels.compiled().amx_available()
     header = ["layer", "rows", "F.linear, us", "GFLOP/s", "transposed copy, us", "speed-up", "oneDNN packed, us",
               "speed-up", "bf16, us", "speed-up", "fbgemm int8, us", "speed-up"]  # fmt: skip
     header += ["transduce int8, us", "speed-up", "vs fbgemm"] if vnni else []
-    header += ["int8 oneDNN/AMX sums, us", "vs transduce int8"] if amx else []
+    header += ["transduce int8 in AMX tiles, us", "vs transduce int8"] if amx else []
+    bf16_amx = bf16.amx_kernel() is not None
+    header += ["bf16 oneDNN, us", "bf16 vs oneDNN"] if bf16_amx else []
     rows_out = []
     torch.manual_seed(0)
     with torch.inference_mode():
@@ -109,12 +112,18 @@ def main() -> None:
                     with fastpaths.override(int8_amx=False):
                         fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
                     torch.testing.assert_close(fns[-1]()[:, None], dynamic_int8(), atol=0.1, rtol=0.1)
-                if amx:  # the same quantised rows, the sums by oneDNN's int8 matrix multiplication, whatever the size
-                    with fastpaths.override(
-                        int8_amx=True, int8_amx_min_weights=0, int8_amx_min_inputs=0, int8_amx_min_rows=0
-                    ):
+                if amx:  # the same product in AMX tiles (inputs a multiple of 64: else the VNNI kernel again)
+                    with fastpaths.override(int8_amx=True):
                         fns.append(functools.partial(int8_function(int8, relu=act == "relu"), x.view(rows, n_in)))
-                    torch.testing.assert_close(fns[-1](), fns[-2](), atol=1e-4, rtol=1e-5)
+                    assert torch.equal(fns[-1](), fns[-2]())  # (the same outputs, bit for bit)
+                if bf16_amx:  # oneDNN's bf16 product, beside the AMX kernel that bf16 decoding uses here
+                    layer, rows_x = bf16.BF16Linear(lin), x.view(rows, n_in)
+
+                    def onednn_bf16(layer=layer, x=rows_x, act=act):
+                        with fastpaths.override(bf16_amx=False):
+                            return bf16.project(layer, x, act)
+
+                    fns.append(onednn_bf16)
                 times = per_call(fns, args.reps)
                 t_plain, t_transposed, t_packed, t_bf16, t_int8 = times[:5]
                 flop = 2 * rows * n_in * n_out
@@ -126,6 +135,8 @@ def main() -> None:
                     cells += [f"{times[5] * 1e6:.1f}", f"{t_plain / times[5]:.2f}x", f"{t_int8 / times[5]:.2f}x"]
                 if amx:
                     cells += [f"{times[6] * 1e6:.1f}", f"{times[5] / times[6]:.2f}x"]
+                if bf16_amx:
+                    cells += [f"{times[-1] * 1e6:.1f}", f"{times[-1] / t_bf16:.2f}x"]
                 rows_out.append(cells)
     print(table(header, rows_out))
 

@@ -14,7 +14,7 @@ from torch import nn
 from decodekit import copy_sentences, one_thread
 from transduce import fastpaths
 from transduce.model import kernels, packed, quantize, step
-from transduce.model.quantize import amx_int8_available, int8_function, pack_weight, quantize_int8
+from transduce.model.quantize import amx_applies, int8_function, pack_weight, quantize_int8
 from transduce.search.translator import Translator
 
 DynamicLinear = torch.ao.nn.quantized.dynamic.Linear
@@ -31,18 +31,18 @@ needs_vnni = pytest.mark.skipif(
 )
 
 
-# the two routes of int8_function's products: transduce's VNNI kernel, and the same rows quantised by the kernel
-# with the sums made by oneDNN's int8 matrix multiplication (AMX tiles where the CPU has them), here for any size
-ROUTES = {
-    "vnni": dict(int8_amx=False),
-    "amx": dict(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_inputs=0, int8_amx_min_rows=0),
-}
+# the two routes of int8_function's products: transduce's VNNI kernel, and the same product in AMX tiles
+ROUTES = {"vnni": dict(int8_amx=False), "amx": dict(int8_amx=True)}
+
+
+def _has_amx_int8_kernel() -> bool:
+    return _has_vnni_kernel() and hasattr(kernels.compiled(), "int8_amx_linear") and kernels.compiled().amx_available()
 
 
 @pytest.fixture(params=sorted(ROUTES))
 def route(request):
-    if request.param == "amx" and not amx_int8_available():
-        pytest.skip("this PyTorch has no oneDNN int8 linear operation (onednn::qlinear_pointwise)")
+    if request.param == "amx" and not _has_amx_int8_kernel():
+        pytest.skip("the AMX int8 product is built only for CPUs with AMX-INT8 (and kernels on)")
     with fastpaths.override(**ROUTES[request.param]):
         yield request.param
 
@@ -188,7 +188,6 @@ def test_layers_without_bias_and_with_per_tensor_weights(route):
     x = torch.randn(6, 32)
     y = int8_function(per_tensor)(x)
     assert getattr(per_tensor, "_transduce_int8", None) is not None  # the kernel ran on it
-    assert (getattr(per_tensor, "_transduce_amx", None) is not None) == (route == "amx")
     w = per_tensor.weight().dequantize()
     step = (x.max(1).values.clamp(min=0) - x.min(1).values.clamp(max=0)) / 255
     bound = step[:, None] / 2 * w.abs().sum(1)[None, :] + 1e-5
@@ -245,33 +244,48 @@ def test_the_amx_route_sums_exactly_when_the_rows_quantise_exactly(m, k, n, rout
     torch.testing.assert_close(int8_function(q)(x).double(), expected, rtol=1e-6, atol=1e-4)
 
 
-@needs_vnni
-def test_the_amx_route_is_taken_from_its_sizes_on_and_agrees_with_the_kernel(monkeypatch):
-    """oneDNN's product runs for layers of at least int8_amx_min_weights weights and int8_amx_min_inputs inputs in
-    calls of at least int8_amx_min_rows rows; below any, and with int8_amx off, the VNNI kernel alone. Both give the
-    same outputs to float rounding (the same quantised rows and weights; only the order of the float operations
-    differs)."""
-    if not amx_int8_available():
-        pytest.skip("this PyTorch has no oneDNN int8 linear operation (onednn::qlinear_pointwise)")
+needs_amx_int8 = pytest.mark.skipif(
+    not _has_amx_int8_kernel(), reason="the AMX int8 product is built only for CPUs with AMX-INT8 (and kernels on)"
+)
+
+
+@needs_amx_int8
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 40, 130])
+@pytest.mark.parametrize("inputs, outputs", [(64, 16), (128, 80), (192, 33), (256, 1000)])
+def test_the_amx_product_gives_the_vnni_kernel_s_outputs_bit_for_bit(rows, inputs, outputs):
+    """The same quantised rows and weights, the same exact int32 sums, the same formula: the same floats, with the
+    bias, the ReLU and a residual read through its row stride, for rows and outputs that fill no whole tile."""
+    k8 = kernels.compiled()
+    _, q = _quantised_linear(inputs, outputs, seed=rows + inputs)
+    pw = quantize._packed_int8(q)
+    x = torch.randn(rows, inputs) * 3
+    residual = torch.randn(rows, outputs + 7)[:, 3 : outputs + 3]
+    for bias, res, relu in [(pw.bias, None, False), (None, residual, True), (pw.bias, residual, True)]:
+        args = (pw.weight, pw.scales, pw.sums, bias, res, relu, outputs)
+        assert torch.equal(k8.int8_amx_linear(x, *args), k8.int8_linear(x, *args))
+
+
+@needs_amx_int8
+def test_the_amx_route_takes_layers_whose_inputs_fill_whole_tiles_and_the_flag_turns_it_off(monkeypatch):
+    """int8_function takes the AMX product for inputs that are a multiple of 64 (else, and with int8_amx off, the
+    VNNI kernel); both give the same outputs."""
+    k8 = kernels.compiled()
     calls = []
-    real = torch.ops.onednn.qlinear_pointwise
-    monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", lambda *a: calls.append(a[0].shape) or real(*a))
-    _, q = _quantised_linear(96, 80, seed=12)  # 7,680 weights
-    x, residual = torch.randn(40, 96), torch.randn(40, 80)
+    real = k8.int8_amx_linear
+    monkeypatch.setattr(k8, "int8_amx_linear", lambda *a: calls.append(a[0].shape) or real(*a), raising=False)
+    _, q = _quantised_linear(128, 80, seed=12)
+    _, odd = _quantised_linear(96, 80, seed=13)
+    x, residual = torch.randn(40, 128), torch.randn(40, 80)
     with fastpaths.override(int8_amx=False):
         kernel = int8_function(q, relu=True)(x, residual)
-    assert calls == [] and getattr(q, "_transduce_amx", None) is None
-    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7681, int8_amx_min_inputs=0, int8_amx_min_rows=0):
+        assert not amx_applies(k8, quantize._packed_int8(q))
+    assert calls == []
+    with fastpaths.override(int8_amx=True):
+        assert amx_applies(k8, quantize._packed_int8(q)) and not amx_applies(k8, quantize._packed_int8(odd))
         assert torch.equal(int8_function(q, relu=True)(x, residual), kernel)
-    with fastpaths.override(int8_amx=True, int8_amx_min_weights=0, int8_amx_min_inputs=97, int8_amx_min_rows=0):
-        assert torch.equal(int8_function(q, relu=True)(x, residual), kernel)
-    assert calls == [] and getattr(q, "_transduce_amx", None) is None
-    with fastpaths.override(int8_amx=True, int8_amx_min_weights=7680, int8_amx_min_inputs=96, int8_amx_min_rows=40):
-        f = int8_function(q, relu=True)
-        assert torch.equal(f(x[:39], residual[:39]), kernel[:39])  # 39 rows: the kernel alone
-        assert calls == []
-        torch.testing.assert_close(f(x, residual), kernel, rtol=1e-6, atol=1e-5)
-    assert calls == [(40, 96)] and getattr(q, "_transduce_amx", None) is not None
+        assert calls == [(40, 128)]
+        int8_function(odd)(torch.randn(3, 96))
+    assert calls == [(40, 128)]
 
 
 @pytest.mark.parametrize("flags, amx", [("avx512f avx512_vnni amx_bf16 amx_tile amx_int8", True),
@@ -279,19 +293,18 @@ def test_the_amx_route_is_taken_from_its_sizes_on_and_agrees_with_the_kernel(mon
 def test_the_amx_route_is_on_by_default_only_where_the_cpu_has_amx_int8(monkeypatch, flags, amx):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(fastpaths, "cpu_flags", lambda: set(flags.split()))
-    assert fastpaths.FastPaths().int8_amx is (amx and fastpaths.onednn_available())
+    assert fastpaths.FastPaths().int8_amx is amx
 
 
-@needs_vnni
-def test_rescale_checks_name_the_argument():
+@needs_amx_int8
+def test_the_amx_product_refuses_a_weight_it_cannot_take_in_one_line():
     k8 = kernels.compiled()
-    acc, s, z = torch.zeros(2, 16), torch.ones(2), torch.zeros(2)
-    with pytest.raises(RuntimeError, match=r"int8_rescale: acc \(2, 16\) contiguous, s and z \(2,\), wz \(16,\)"):
-        k8.int8_rescale(acc, s, z, torch.ones(8), None, None, False)
-    with pytest.raises(RuntimeError, match=r"int8_rescale: bias must be contiguous \(16,\)"):
-        k8.int8_rescale(acc, s, z, torch.ones(16), torch.ones(3), None, False)
-    with pytest.raises(RuntimeError, match=r"int8_quantize_rows: x must be a 2-D Float CPU tensor, got 1-D Float"):
-        k8.int8_quantize_rows(torch.ones(3))
+    _, q = _quantised_linear(96, 16, seed=1)  # 96 inputs: not a whole number of tiles
+    p = quantize._packed_int8(q)
+    with pytest.raises(RuntimeError, match=r"int8_amx_linear: the weight's inputs must be a multiple of 64, got 96"):
+        k8.int8_amx_linear(torch.ones(2, 96), p.weight, p.scales, p.sums, None, None, False, 16)
+    with pytest.raises(RuntimeError, match=r"int8_amx_linear: x must be a 2-D Float CPU tensor, got 1-D Float"):
+        k8.int8_amx_linear(torch.ones(3), p.weight, p.scales, p.sums, None, None, False, 16)
 
 
 @needs_vnni

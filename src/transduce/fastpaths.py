@@ -43,11 +43,9 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   the kernels were built with AVX512-VNNI. Fallback: PyTorch's int8 operation (fbgemm).
 - ``int8_min_weights``: :func:`~transduce.model.quantize.quantize_int8` quantises the linear layers of at least
   this many weights (0 where the CPU has VNNI, else 2^16); smaller ones stay float32.
-- ``int8_amx``, ``int8_amx_min_weights``, ``int8_amx_min_inputs``, ``int8_amx_min_rows``: the int8 kernel's
-  products for layers of at least ``int8_amx_min_weights`` weights and ``int8_amx_min_inputs`` inputs called with at
-  least ``int8_amx_min_rows`` rows made by oneDNN's int8 matrix multiplication, which runs in AMX tiles (the rows
-  quantised by the kernel as before; ``model/quantize.py``); on where the CPU has AMX-INT8. Fallback: the VNNI kernel
-  alone.
+- ``int8_amx``: the int8 kernel's products in the AMX tiles (``int8_amx_linear`` in ``model/csrc/int8.cpp``: the
+  same quantised rows, the same exact int32 sums and formula, so the same outputs; ``model/quantize.py``) for
+  layers whose inputs are a multiple of 64; on where the CPU has AMX-INT8. Fallback: the VNNI kernel.
 - ``bf16_amx``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`) through transduce's
   AMX kernel (``model/csrc/amx.cpp``: rows rounded to bf16, the weight packed once into the tiles' layout, bias, ReLU
   and residual in the same pass), every layer whatever its size; on where the CPU has AMX-BF16 (and the kernels
@@ -234,13 +232,9 @@ class FastPaths:
     int8_kernel: bool = True
     # quantize_int8 leaves linear layers with fewer weights in float32 (int8 is no faster for them without VNNI)
     int8_min_weights: int = field(default_factory=lambda: 0 if cpu_features().vnni else 1 << 16)
-    # the int8 kernel's products through oneDNN's int8 matrix multiplication (AMX tiles), where the CPU has AMX-INT8,
-    # for layers of at least int8_amx_min_weights weights and int8_amx_min_inputs inputs, in calls of at least
-    # int8_amx_min_rows rows (oneDNN's 25-50 us a call pays only there)
-    int8_amx: bool = field(default_factory=lambda: cpu_features().amx_int8 and onednn_available())
-    int8_amx_min_weights: int = 1 << 18
-    int8_amx_min_inputs: int = 256
-    int8_amx_min_rows: int = 96
+    # the int8 kernel's products in AMX tiles (csrc/int8.cpp: int8_amx_linear, the same outputs) where the CPU has
+    # AMX-INT8: 1.0-3.4x the VNNI kernel on the presets' decoding products (docs/benchmarks.md)
+    int8_amx: bool = field(default_factory=lambda: cpu_features().amx_int8)
     # bf16 linear layers (model/bf16.py) through transduce's AMX kernel (model/csrc/amx.cpp) where the CPU has AMX-BF16:
     # 2-12x MKL's float32 product and 1.4-15x oneDNN's bf16 one on the presets' decoding shapes (docs/benchmarks.md)
     bf16_amx: bool = field(default_factory=lambda: cpu_features().amx_bf16)

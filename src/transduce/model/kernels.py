@@ -17,7 +17,8 @@ For decoding steps:
 For int8 inference (``csrc/int8.cpp``, built only for CPUs with AVX512-VNNI):
 
 - ``int8_linear``: a dynamically quantised linear layer, each input row quantised with its own scale, the products
-  summed by VPDPBUSD (:func:`transduce.model.quantize.int8_function`).
+  summed by VPDPBUSD (:func:`transduce.model.quantize.int8_function`); ``int8_amx_linear`` the same in AMX tiles
+  (TDPBUSD) where the CPU has AMX-INT8, with the same outputs.
 
 For bf16 inference (``csrc/amx.cpp``, built only for CPUs with AMX-BF16):
 
@@ -139,7 +140,13 @@ def _arch_flags() -> tuple[str, list[str]]:
             flags += ["-mavx512bf16"] if bf16 else []
             flags += ["-mavx512vnni"] if vnni else []
             amx = bf16 and fastpaths.cpu_features().amx_bf16
-            flags += ["-mamx-tile", "-mamx-bf16"] if amx else []
+            flags += (
+                ["-mamx-tile", "-mamx-bf16", "-mamx-int8"]
+                if amx and vnni
+                else ["-mamx-tile", "-mamx-bf16"]
+                if amx
+                else []
+            )
             return "avx512" + ("bf16" if bf16 else "") + ("_vnni" if vnni else "") + ("_amx" if amx else ""), flags
     if capability in ("AVX2", "AVX512"):
         return "avx2", ["-mavx2", "-mfma"]

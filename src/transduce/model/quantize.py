@@ -31,13 +31,13 @@ fbgemm costs 10-15 us a call whatever its size (``benchmarks/linear_backends.py 
 of its batch: the first 64 Multi30k test sentences all translated the same alone as in one batch (with fbgemm's one
 scale per call, 53 of them).
 
-On a CPU with AMX-INT8 the large products go through the AMX tiles: for layers of at least
-``fastpaths.settings.int8_amx_min_weights`` weights (2^18) and ``int8_amx_min_inputs`` inputs (256) called with at
-least ``int8_amx_min_rows`` rows (96), the kernel quantises the rows as above and oneDNN's int8 matrix multiplication
-makes the sums (:func:`int8_function`). oneDNN's call costs 25-50 us whatever its size, so it pays only there: on
-the `base` model's layers at 128 rows it ran at 1.05-1.37x the VNNI kernel's speed, at 32 rows 0.76-1.09x, at 4 rows
-0.23-0.40x; on the `tiny` model's (128 inputs) at most 0.99x, even the (128 x 8,000) output projection
-(``benchmarks/linear_backends.py --preset base --rows 4,32,128 --threads 1``, Intel Xeon with AMX).
+On a CPU with AMX-INT8 the products go through the AMX tiles (``fastpaths.settings.int8_amx``): transduce's
+``int8_amx_linear`` quantises the rows as above and sums the same uint8 x int8 products exactly in int32 with TDPBUSD,
+then applies the same formula, so its outputs are the VNNI kernel's, bit for bit; the weight's layout is the VNNI
+kernel's (16 groups of 4 inputs for 16 outputs are one tile), for layers whose inputs are a multiple of 64 (every
+preset's). A call costs a few microseconds beyond its arithmetic: on one thread of an Intel Xeon with AMX it ran the
+presets' decoding products at 1.0-3.4x the VNNI kernel's speed and 1.1-20x oneDNN's int8 matrix multiplication's,
+which an earlier route used for the largest layers only (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -146,43 +146,13 @@ def _packed_int8(linear: nn.Module) -> PackedInt8 | None:
     return _layer_copy(linear, "_transduce_int8", pack_weight)
 
 
-@dataclass(frozen=True)
-class AmxInt8:
-    """A quantised layer's weight as oneDNN's int8 matrix multiplication takes it (:func:`_amx_int8`)."""
-
-    weight: Tensor  # oneDNN's packed int8 weight (onednn::qlinear_prepack)
-    scales: Tensor  # (N,) float32: each output channel's scale
-    zeros: Tensor  # (N,) int64: the weight's zero points (all 0)
-    wz: Tensor  # (N,) float32: scale[n] * sum_k wq[n, k], for the inputs' zero points
-    source: object  # the layer's packed parameters this was made from
-
-
-def amx_int8_available() -> bool:
-    """Whether this PyTorch has oneDNN's int8 linear operation (``onednn::qlinear_pointwise``), which multiplies in
-    AMX tiles where the CPU has AMX-INT8."""
-    try:
-        return fastpaths.onednn_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def amx_weight(weight: Tensor, scales: Tensor, bias: Tensor | None = None, source: object = None) -> AmxInt8:
-    """An int8 weight (N, K) with one scale per output channel (N,) as oneDNN's int8 linear operation takes it. The
-    bias is not kept: ``int8_rescale`` adds the one the VNNI kernel's copy holds (:func:`int8_function`)."""
-    del bias
-    scales = scales.float().contiguous()
-    return AmxInt8(
-        weight=torch.ops.onednn.qlinear_prepack(weight.contiguous(), None),
-        scales=scales,
-        zeros=torch.zeros(weight.shape[0], dtype=torch.int64),
-        wz=(scales * weight.sum(1, dtype=torch.int32).float()).contiguous(),
-        source=source,
-    )
-
-
-def _amx_int8(linear: nn.Module) -> AmxInt8 | None:
-    """oneDNN's copy of a quantised layer's weight (:func:`amx_weight`), or None."""
-    return _layer_copy(linear, "_transduce_amx", amx_weight)
+def amx_applies(module: Any, packed: PackedInt8) -> bool:
+    """Whether a layer's products go through ``int8_amx_linear``: ``fastpaths.settings.int8_amx``, the kernels built
+    with AMX-INT8, the tiles granted by the operating system, and the layer's inputs a multiple of 64."""
+    return (
+        fastpaths.settings.int8_amx and hasattr(module, "int8_amx_linear") and packed.weight.shape[1] % 16 == 0
+        and module.amx_available()  # (amx.cpp's: built with the AMX-INT8 product, asks for the tiles' state)
+    )  # fmt: skip
 
 
 def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor]:
@@ -190,11 +160,10 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     residual=None)``: ``linear(x)``, then a ReLU when ``relu``, then plus ``residual`` when one is given. Through
     transduce's VNNI kernel where it applies (``fastpaths.settings.int8_kernel`` set, the kernels built with VNNI,
     symmetric int8 weights, and at each call a float32 CPU input), else through PyTorch's int8 operation as the
-    layer's ``forward`` calls it. With ``fastpaths.settings.int8_amx`` (on where the CPU has AMX-INT8), a layer of
-    at least ``int8_amx_min_weights`` weights and ``int8_amx_min_inputs`` inputs called with at least
-    ``int8_amx_min_rows`` rows has its rows quantised by the kernel and the sums made by oneDNN's int8 matrix
-    multiplication, which uses the AMX tiles (the same quantised operands and formula; the outputs agree to float
-    rounding). The decoding step makes these once per search (the checks are done here, not per call)."""
+    layer's ``forward`` calls it. With ``fastpaths.settings.int8_amx`` (on where the CPU has AMX-INT8, the kernels
+    built for it), a layer whose inputs are a multiple of 64 goes through ``int8_amx_linear``, the same product in
+    the AMX tiles (the same outputs, bit for bit). The decoding step makes these once per search (the checks are done
+    here, not per call)."""
     params = linear._packed_params._packed_params
     quantised = linear._packed_params.dtype == torch.qint8
     reduce_range = not (linear.version is None or linear.version < 4)  # as DynamicLinear.forward
@@ -212,24 +181,11 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
     packed = _packed_int8(linear) if hasattr(module, "int8_linear") else None  # (built only with VNNI)
     if packed is None:
         return torch_op
-    product, weight, scales, sums, bias, outputs = (
-        module.int8_linear, packed.weight, packed.scales, packed.sums, packed.bias, packed.outputs
-    )  # fmt: skip
-    settings = fastpaths.settings
-    amx = None
-    large = linear.in_features * linear.out_features >= settings.int8_amx_min_weights
-    if settings.int8_amx and large and linear.in_features >= settings.int8_amx_min_inputs and amx_int8_available():
-        amx = _amx_int8(linear)
-    min_rows = settings.int8_amx_min_rows
+    product = module.int8_amx_linear if amx_applies(module, packed) else module.int8_linear
+    weight, scales, sums, bias, outputs = packed.weight, packed.scales, packed.sums, packed.bias, packed.outputs
 
     def rows_product(x: Tensor, residual: Tensor | None) -> Tensor:
-        if amx is None or x.shape[0] < min_rows:
-            return product(x, weight, scales, sums, bias, residual, relu, outputs)
-        q, s, z = module.int8_quantize_rows(x)  # each row as int8_linear quantises it; the sums in AMX tiles
-        acc = torch.ops.onednn.qlinear_pointwise(
-            q, 1.0, 0, amx.weight, amx.scales, amx.zeros, None, 1.0, 0, torch.float32, "none", [], ""
-        )  # fmt: skip
-        return module.int8_rescale(acc, s, z, amx.wz, bias, residual, relu)
+        return product(x, weight, scales, sums, bias, residual, relu, outputs)
 
     def kernel(x: Tensor, residual: Tensor | None = None) -> Tensor:
         if x.dtype != torch.float32 or x.device.type != "cpu":

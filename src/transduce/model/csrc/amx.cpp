@@ -218,21 +218,26 @@ torch::Tensor amx_bf16_linear(const torch::Tensor& x, const torch::Tensor& weigh
   for (int64_t m = 0; m < M; ++m) round_row(xd + m * x.stride(0), K, xb.data() + m * Kp);
   const Product p{xb.data(), reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), bd, rd,
                   y.data_ptr<float>(), M, N, Kp, res_row, relu};
-  // the threads take blocks of 32 outputs (each block's weights stay in its core's cache over all rows)
-  const int64_t col_blocks = (nb + 1) / 2, row_blocks = (Mp / kTileRows + 1) / 2;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, Mp * Kp * 32));
-  at::parallel_for(0, col_blocks, grain, [&](int64_t begin, int64_t end) {
+  // the threads take chunks of 8 pairs of output tiles (256 outputs); in a chunk the row pairs are the outer loop,
+  // so that a row pair's bf16 values stay in L1 over the chunk and the chunk's weights in L2 over the rows
+  const int64_t col_blocks = (nb + 1) / 2, row_blocks = (Mp / kTileRows + 1) / 2, chunk = 8;
+  const int64_t chunks = (col_blocks + chunk - 1) / chunk;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, Mp * Kp * 32 * chunk));
+  at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
     configure_tiles();
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t n0 = c * 2 * kTileCols;
-      const bool two_cols = n0 + kTileCols < nb * kTileCols;
+    for (int64_t h = begin; h < end; ++h) {
+      const int64_t c_end = std::min(col_blocks, (h + 1) * chunk);
       for (int64_t r = 0; r < row_blocks; ++r) {
         const int64_t m0 = r * 2 * kTileRows;
         const bool two_rows = m0 + kTileRows < Mp;
-        if (two_rows && two_cols) block<2, 2>(p, m0, n0);
-        else if (two_rows) block<2, 1>(p, m0, n0);
-        else if (two_cols) block<1, 2>(p, m0, n0);
-        else block<1, 1>(p, m0, n0);
+        for (int64_t c = h * chunk; c < c_end; ++c) {
+          const int64_t n0 = c * 2 * kTileCols;
+          const bool two_cols = n0 + kTileCols < nb * kTileCols;
+          if (two_rows && two_cols) block<2, 2>(p, m0, n0);
+          else if (two_rows) block<2, 1>(p, m0, n0);
+          else if (two_cols) block<1, 2>(p, m0, n0);
+          else block<1, 1>(p, m0, n0);
+        }
       }
     }
     _tile_release();

@@ -1,6 +1,6 @@
-// int8 linear layers for CPU inference with AVX512-VNNI: transduce.model.kernels builds this file together with
-// decoding.cpp (one extension module; decoding.cpp's module definition calls register_int8). Without VNNI at
-// compile time the file defines nothing, and transduce.model.quantize uses PyTorch's int8 operation (fbgemm).
+// int8 linear layers for CPU inference with AVX512-VNNI (and AMX-INT8): transduce.model.kernels builds this file
+// together with decoding.cpp (one extension module; decoding.cpp's module definition calls register_int8). Without
+// VNNI at compile time the file defines nothing, and transduce.model.quantize uses PyTorch's int8 operation (fbgemm).
 //
 // int8_linear: y = x W^T + b for float32 rows x (M, K) and a weight quantised to int8 once per output channel
 // (w[n, k] = scale[n] * wq[n, k]), as torch.ao's dynamically quantised Linear holds it. Each row of x is
@@ -35,6 +35,10 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define TRANSDUCE_VNNI 1
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 #ifdef TRANSDUCE_VNNI
@@ -255,72 +259,171 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, c
   return y;
 }
 
-// The two ends of the product that oneDNN's int8 matrix multiplication does in AMX tiles (quantize.py's AMX route):
-// int8_quantize_rows quantises each row of x as int8_linear does (uint8, its own scale and zero point), and, after
-// oneDNN's acc[m, n] = scale[n] * sum_k xq[m, k] wq[n, k] (input scale 1, zero point 0), int8_rescale makes
-//     y[m, n] = s[m] * (acc[m, n] - z[m] * scale[n] * sum_k wq[n, k]) + b[n]
-// in place in acc, with the ReLU and a residual where asked: int8_linear's formula, the sum over k in oneDNN's order.
-std::vector<torch::Tensor> int8_quantize_rows(const torch::Tensor& x) {
-  check("int8_quantize_rows", x, "x", at::kFloat, 2);
-  TORCH_CHECK(x.stride(1) == 1, "int8_quantize_rows: x's rows must be dense");
-  const int64_t M = x.size(0), K = x.size(1);
-  auto q = torch::empty({M, K}, x.options().dtype(at::kByte));
-  auto s = torch::empty({M}, x.options()), z = torch::empty({M}, x.options());
-  const float* xd = x.data_ptr<float>();
-  uint8_t* qd = q.data_ptr<uint8_t>();
-  float *sd = s.data_ptr<float>(), *zd = z.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quantize_row(xd + m * x.stride(0), K, qd + m * K, sd + m, zd + m);
-  return {q, s, z};
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// int8_amx_linear: int8_linear's product in AMX tiles (TDPBUSD: uint8 rows times int8 weights, summed exactly in
+// int32), for weights whose Kq is a multiple of 16 (K padded to 64: every preset's layers). The weight needs no
+// other layout: for 16 output channels, 16 consecutive groups of 4 inputs are 16 rows of 64 bytes, what a tile of
+// TDPBUSD's second operand holds. The rows are quantised and the sums turned into the output exactly as in
+// int8_linear, so the two give the same floats. Rows are taken 32 at a time, outputs 32 at a time (four int32
+// accumulator tiles); a call costs a few microseconds beyond its arithmetic.
+namespace {
+
+struct alignas(64) TileConfigInt8 {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool request_amx_int8() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
 }
 
-// acc: (M, N) float32, contiguous; s, z: (M,) from int8_quantize_rows; wz: (N,) scale[n] * sum_k wq[n, k];
-// bias: (N,) or None; residual: (M, N) with dense rows or None. Returns acc.
-torch::Tensor int8_rescale(torch::Tensor acc, const torch::Tensor& s, const torch::Tensor& z, const torch::Tensor& wz,
-                           const c10::optional<torch::Tensor>& bias, const c10::optional<torch::Tensor>& residual,
-                           bool relu) {
-  check("int8_rescale", acc, "acc", at::kFloat, 2);
-  check("int8_rescale", s, "s", at::kFloat, 1);
-  check("int8_rescale", z, "z", at::kFloat, 1);
-  check("int8_rescale", wz, "wz", at::kFloat, 1);
-  const int64_t M = acc.size(0), N = acc.size(1);
-  TORCH_CHECK(acc.is_contiguous() && s.size(0) == M && z.size(0) == M && wz.size(0) == N && s.is_contiguous() &&
-                  z.is_contiguous() && wz.is_contiguous(),
-              "int8_rescale: acc (", M, ", ", N, ") contiguous, s and z (", M, ",), wz (", N, ",)");
-  const float* bd = bias_data("int8_rescale", bias, N);
-  int64_t res_row = 0;
-  const float* rd = residual_data("int8_rescale", residual, M, N, &res_row);
-  float* y = acc.data_ptr<float>();
-  const float *sd = s.data_ptr<float>(), *zd = z.data_ptr<float>(), *wzd = wz.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const __m512 sv = _mm512_set1_ps(sd[m]), zv = _mm512_set1_ps(zd[m]);
-    for (int64_t n0 = 0; n0 < N; n0 += kLanes) {
-      const __mmask16 mask =
-          N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (N - n0)) - 1u);
-      float* row = y + m * N + n0;
-      // the difference first, then the row's scale (s times each term alone may overflow where s times the
-      // difference does not, as in int8_linear's int32 difference)
-      const __m512 diff =
-          _mm512_fnmadd_ps(zv, _mm512_maskz_loadu_ps(mask, wzd + n0), _mm512_maskz_loadu_ps(mask, row));
-      __m512 v = _mm512_fmadd_ps(sv, diff, bd != nullptr ? _mm512_maskz_loadu_ps(mask, bd + n0) : _mm512_setzero_ps());
-      if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      if (rd != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, rd + m * res_row + n0));
-      _mm512_mask_storeu_ps(row, mask, v);
+// Rows m0 .. m0 + 16 * RM and output vectors j0 .. j0 + RN (RM, RN in {1, 2}) of the product p (p.xq: Mp rows).
+template <int RM, int RN>
+void amx_block(const Product& p, int64_t M, int64_t m0, int64_t j0) {
+  _tile_zero(0);
+  if (RN == 2) _tile_zero(1);
+  if (RM == 2) _tile_zero(2);
+  if (RM == 2 && RN == 2) _tile_zero(3);
+  const uint8_t* x0 = p.xq + m0 * p.Kp;
+  const uint8_t* x1 = x0 + 16 * p.Kp;
+  const int8_t* w0 = p.w + j0 * p.Kq * 64;
+  const int8_t* w1 = w0 + p.Kq * 64;
+  for (int64_t g = 0; g < p.Kq; g += 16) {
+    _tile_loadd(4, x0 + 4 * g, p.Kp);
+    _tile_loadd(6, w0 + g * 64, 64);
+    _tile_dpbusd(0, 4, 6);
+    if (RN == 2) {
+      _tile_loadd(7, w1 + g * 64, 64);
+      _tile_dpbusd(1, 4, 7);
+    }
+    if (RM == 2) {
+      _tile_loadd(5, x1 + 4 * g, p.Kp);
+      _tile_dpbusd(2, 5, 6);
+      if (RN == 2) _tile_dpbusd(3, 5, 7);
     }
   }
-  return acc;
+  alignas(64) int32_t acc[4][256];
+  _tile_stored(0, acc[0], 64);
+  if (RN == 2) _tile_stored(1, acc[1], 64);
+  if (RM == 2) _tile_stored(2, acc[2], 64);
+  if (RM == 2 && RN == 2) _tile_stored(3, acc[3], 64);
+  for (int j = 0; j < RN; ++j) {
+    const int64_t n0 = (j0 + j) * kLanes;
+    if (n0 >= p.N) break;
+    const __mmask16 mask = p.N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF)
+                                              : static_cast<__mmask16>((1u << (p.N - n0)) - 1u);
+    const __m512 ws = _mm512_loadu_ps(p.ws + n0);
+    const __m512i wsum = _mm512_loadu_si512(p.wsum + n0);
+    const __m512 b = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
+    for (int i = 0; i < RM; ++i) {
+      const int32_t* a = acc[2 * i + j];
+      for (int64_t r = 0; r < 16; ++r) {
+        const int64_t m = m0 + i * 16 + r;
+        if (m >= M) break;
+        // int8_linear's formula, term for term
+        const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(a + r * 16),
+                                               _mm512_mullo_epi32(_mm512_set1_epi32(p.xz[m]), wsum));
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
+        if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+        if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
+        _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
+      }
+    }
+  }
 }
+
+}  // namespace
+
+// int8_linear's arguments and result; the weight's Kq a multiple of 16.
+torch::Tensor int8_amx_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
+                              const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
+                              const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
+  check("int8_amx_linear", x, "x", at::kFloat, 2);
+  check("int8_amx_linear", weight, "weight", at::kChar, 3);
+  check("int8_amx_linear", scales, "scales", at::kFloat, 1);
+  check("int8_amx_linear", sums, "sums", at::kInt, 1);
+  TORCH_CHECK(x.stride(1) == 1, "int8_amx_linear: x's rows must be dense");
+  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64,
+              "int8_amx_linear: weight must be contiguous (Nv, Kq, 64)");
+  const int64_t M = x.size(0), K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
+  TORCH_CHECK(Kq == (K + 3) / 4, "int8_amx_linear: x has ", K, " inputs, the weight ", Kp, " (padded to 4)");
+  TORCH_CHECK(Kq % 16 == 0, "int8_amx_linear: the weight's inputs must be a multiple of 64, got ", Kp);
+  TORCH_CHECK(Kp <= kMaxInputs, "int8_amx_linear: at most ", kMaxInputs, " inputs, got ", K);
+  TORCH_CHECK(N > 0 && Nv == (N + kLanes - 1) / kLanes, "int8_amx_linear: ", N, " outputs, the weight holds ",
+              Nv * kLanes, " (padded to 16)");
+  TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
+                  sums.size(0) == Nv * kLanes,
+              "int8_amx_linear: scales and sums must be contiguous (", Nv * kLanes, ",)");
+  TORCH_CHECK(request_amx_int8(), "int8_amx_linear: the operating system refused the AMX tile state");
+  const float* bd = bias_data("int8_amx_linear", bias, N);
+  int64_t res_row = 0;
+  const float* rd = residual_data("int8_amx_linear", residual, M, N, &res_row);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const int64_t Mp = (M + 15) / 16 * 16;
+  std::vector<uint8_t> xq(static_cast<size_t>(Mp * Kp), 0);
+  std::vector<float> xs(Mp, 0.0f);
+  std::vector<int32_t> xz(Mp, 0);
+  const float* xd = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    float zero;
+    quantize_row(xd + m * x.stride(0), K, xq.data() + m * Kp, &xs[m], &zero);
+    xz[m] = static_cast<int32_t>(zero);
+  }
+  const Product p{xq.data(), xs.data(), xz.data(), weight.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                  sums.data_ptr<int32_t>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N, res_row, relu};
+  // the threads take chunks of 8 pairs of output vectors (256 outputs); in a chunk the row pairs are the outer
+  // loop, so that a row pair's quantised bytes stay in L1 over the chunk and the chunk's weights in L2 over the rows
+  const int64_t col_blocks = (Nv + 1) / 2, row_blocks = (Mp / 16 + 1) / 2, chunk = 8;
+  const int64_t chunks = (col_blocks + chunk - 1) / chunk;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, Mp * Kp * 32 * chunk));
+  at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
+    TileConfigInt8 config;
+    for (int t = 0; t < 8; ++t) {
+      config.colsb[t] = 64;
+      config.rows[t] = 16;
+    }
+    _tile_loadconfig(&config);
+    for (int64_t h = begin; h < end; ++h) {
+      const int64_t c_end = std::min(col_blocks, (h + 1) * chunk);
+      for (int64_t r = 0; r < row_blocks; ++r) {
+        const int64_t m0 = 32 * r;
+        const bool two_rows = m0 + 16 < Mp;
+        for (int64_t c = h * chunk; c < c_end; ++c) {
+          const int64_t j0 = 2 * c;
+          const bool two_cols = j0 + 1 < Nv;
+          if (two_rows && two_cols) amx_block<2, 2>(p, M, m0, j0);
+          else if (two_rows) amx_block<2, 1>(p, M, m0, j0);
+          else if (two_cols) amx_block<1, 2>(p, M, m0, j0);
+          else amx_block<1, 1>(p, M, m0, j0);
+        }
+      }
+    }
+    _tile_release();
+  });
+  return y;
+}
+#endif
 
 void register_int8(pybind11::module_& m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("int8_quantize_rows", &int8_quantize_rows, "each row of x to uint8 with its scale and zero point",
-        pybind11::arg("x"), release());
-  m.def("int8_rescale", &int8_rescale, "an int8 product's float32 sums to the layer's output, in place",
-        pybind11::arg("acc"), pybind11::arg("s"), pybind11::arg("z"), pybind11::arg("wz"), pybind11::arg("bias"),
-        pybind11::arg("residual"), pybind11::arg("relu"), release());
   m.def("int8_linear", &int8_linear, "x W^T + b with W in int8 and x quantised per row (AVX512-VNNI)",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("sums"),
         pybind11::arg("bias"), pybind11::arg("residual"), pybind11::arg("relu"), pybind11::arg("outputs"),
         release());
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+  m.def("int8_amx_linear", &int8_amx_linear, "int8_linear's product in AMX tiles (the weight's inputs padded to 64)",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("sums"),
+        pybind11::arg("bias"), pybind11::arg("residual"), pybind11::arg("relu"), pybind11::arg("outputs"),
+        release());
+#endif
 }
 #else
 void register_int8(pybind11::module_&) {}  // no VNNI: quantize.py falls back to PyTorch's int8 operation
