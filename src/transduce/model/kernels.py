@@ -89,7 +89,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decoding.cpp", CSRC / "training.cpp", CSRC / "int8.cpp", CSRC / "allocator.cpp", CSRC / "amx.cpp")
-HEADERS = (CSRC / "vecmath.h",)  # PyTorch rebuilds when a source changes; a header's hash goes into the flags
+# PyTorch rebuilds when a source changes; a header's hash goes into the flags
+HEADERS = (CSRC / "vecmath.h", CSRC / "amx_tiles.h")
 
 _DEFAULT_BUILD_WAIT_S = 300.0
 

@@ -27,9 +27,7 @@
 #include <vector>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 #define TRANSDUCE_AMX 1
 #endif
 
@@ -40,34 +38,8 @@ constexpr int64_t kTileRows = 16;  // rows of x (and of the output) a tile holds
 constexpr int64_t kTileCols = 16;  // outputs a tile holds (float32 lanes of a 64-byte row)
 constexpr int64_t kTileK = 32;     // inputs a tile holds (bf16 in a 64-byte row)
 
-// Linux gives a process the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
-// PyTorch and oneDNN ask the same way, and asking twice is harmless.
-bool request_amx() {
-  static const bool granted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: accumulators (16 rows x 16 float32); 4, 5: x (16 rows x 32 bf16); 6, 7: the weight (16 pair-rows x 16
-// outputs x 2 bf16). Every tile 16 rows of 64 bytes.
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
+using transduce_amx::configure_tiles;
+using transduce_amx::request_tiles;
 
 struct Product {
   const uint16_t* x;  // (Mp, Kp) bf16 rows
@@ -158,7 +130,7 @@ void check(const char* fn, const torch::Tensor& t, const char* name, at::ScalarT
 }  // namespace
 
 // Whether this process may use the AMX tiles (asked of the kernel once).
-bool amx_available() { return request_amx(); }
+bool amx_available() { return request_tiles(); }
 
 // weight: (N, K) bf16 -> (Np / 16, Kp / 32, 16, 32) bf16 in the tiles' layout (zeros in the padding).
 torch::Tensor amx_bf16_pack(const torch::Tensor& weight) {
@@ -194,7 +166,7 @@ torch::Tensor amx_bf16_linear(const torch::Tensor& x, const torch::Tensor& weigh
               " (padded to 32)");
   TORCH_CHECK(N > 0 && nb == (N + kTileCols - 1) / kTileCols, "amx_bf16_linear: ", N, " outputs, the weight holds ",
               nb * kTileCols, " (padded to 16)");
-  TORCH_CHECK(request_amx(), "amx_bf16_linear: the operating system refused the AMX tile state");
+  TORCH_CHECK(request_tiles(), "amx_bf16_linear: the operating system refused the AMX tile state");
   const float* bd = nullptr;
   if (bias.has_value() && bias->defined()) {
     check("amx_bf16_linear", *bias, "bias", at::kFloat, 1);

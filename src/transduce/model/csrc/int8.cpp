@@ -36,8 +36,7 @@
 #include <immintrin.h>
 #define TRANSDUCE_VNNI 1
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 #endif
 #endif
 
@@ -118,6 +117,31 @@ struct Product {
   bool relu;
 };
 
+// One vector of 16 outputs n0 .. n0 + 16 (fewer at the end) and what the formula reads of the weight for them.
+struct OutputVector {
+  int64_t n0;
+  __mmask16 mask;
+  __m512 ws, b;
+  __m512i wsum;
+
+  OutputVector(const Product& p, int64_t n)
+      : n0(n),
+        mask(p.N - n >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (p.N - n)) - 1u)),
+        ws(_mm512_loadu_ps(p.ws + n)),
+        b(p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n) : _mm512_setzero_ps()),
+        wsum(_mm512_loadu_si512(p.wsum + n)) {}
+
+  // Row m's outputs from its int32 sums acc: s * scale * (acc - z * wsum) + b, the difference exact in int32
+  // (sum_k (q - z) w: |.| <= 255 * 128 * K), then the ReLU and the residual where asked.
+  void write(const Product& p, int64_t m, __m512i acc) const {
+    const __m512i exact = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(p.xz[m]), wsum));
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
+    if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+    if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
+    _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
+  }
+};
+
 // Rows m0 .. m0 + R and output vectors j0 .. j0 + C of the product, R x C accumulators in registers.
 template <int R, int C>
 void tile(const Product& p, int64_t m0, int64_t j0) {
@@ -143,23 +167,10 @@ void tile(const Product& p, int64_t m0, int64_t j0) {
   }
 #pragma GCC unroll 4
   for (int c = 0; c < C; ++c) {
-    const int64_t n0 = (j0 + c) * kLanes;
-    if (n0 >= p.N) break;
-    const __mmask16 mask = p.N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF)
-                                              : static_cast<__mmask16>((1u << (p.N - n0)) - 1u);
-    const __m512 ws = _mm512_loadu_ps(p.ws + n0);
-    const __m512i wsum = _mm512_loadu_si512(p.wsum + n0);
-    const __m512 b = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
+    if ((j0 + c) * kLanes >= p.N) break;
+    const OutputVector out(p, (j0 + c) * kLanes);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const int64_t m = m0 + r;
-      // s * scale * (acc - z * wsum) + b, the difference exact in int32 (sum_k (q - z) w: |.| <= 255 * 128 * K)
-      const __m512i exact = _mm512_sub_epi32(acc[r][c], _mm512_mullo_epi32(_mm512_set1_epi32(p.xz[m]), wsum));
-      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
-      if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-      if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
-      _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
-    }
+    for (int r = 0; r < R; ++r) out.write(p, m0 + r, acc[r][c]);
   }
 }
 
@@ -203,6 +214,46 @@ const float* residual_data(const char* fn, const c10::optional<torch::Tensor>& r
   return residual->data_ptr<float>();
 }
 
+// The checks both products make of their arguments (each message names the function fn).
+void check_product(const char* fn, const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
+                   const torch::Tensor& sums, int64_t N) {
+  check(fn, x, "x", at::kFloat, 2);
+  check(fn, weight, "weight", at::kChar, 3);
+  check(fn, scales, "scales", at::kFloat, 1);
+  check(fn, sums, "sums", at::kInt, 1);
+  TORCH_CHECK(x.stride(1) == 1, fn, ": x's rows must be dense");
+  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64, fn, ": weight must be contiguous (Nv, Kq, 64)");
+  const int64_t K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
+  TORCH_CHECK(Kq == (K + 3) / 4, fn, ": x has ", K, " inputs, the weight ", Kp, " (padded to 4)");
+  TORCH_CHECK(Kp <= kMaxInputs, fn, ": at most ", kMaxInputs, " inputs (the int32 sums could overflow), got ", K);
+  TORCH_CHECK(N > 0 && Nv == (N + kLanes - 1) / kLanes, fn, ": ", N, " outputs, the weight holds ", Nv * kLanes,
+              " (padded to 16)");
+  TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
+                  sums.size(0) == Nv * kLanes,
+              fn, ": scales and sums must be contiguous (", Nv * kLanes, ",)");
+}
+
+// The M rows of x quantised (quantize_row) into rows of Kp bytes, with their scales and zero points; rows M .. Mp
+// and the bytes K .. Kp zero.
+struct QuantisedRows {
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+};
+
+QuantisedRows quantise_rows(const torch::Tensor& x, int64_t Kp, int64_t Mp) {
+  const int64_t M = x.size(0), K = x.size(1);
+  QuantisedRows rows{std::vector<uint8_t>(static_cast<size_t>(Mp * Kp), 0), std::vector<float>(Mp, 0.0f),
+                     std::vector<int32_t>(Mp, 0)};
+  const float* xd = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    float zero;
+    quantize_row(xd + m * x.stride(0), K, rows.q.data() + m * Kp, &rows.scale[m], &zero);
+    rows.zero[m] = static_cast<int32_t>(zero);
+  }
+  return rows;
+}
+
 }  // namespace
 
 // x: (M, K) float32 with dense rows; weight: (Nv, Kq, 64) int8 from pack_weight; scales: (Nv * 16,) float32;
@@ -211,37 +262,17 @@ const float* residual_data(const char* fn, const c10::optional<torch::Tensor>& r
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                           const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
                           const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
-  check("int8_linear", x, "x", at::kFloat, 2);
-  check("int8_linear", weight, "weight", at::kChar, 3);
-  check("int8_linear", scales, "scales", at::kFloat, 1);
-  check("int8_linear", sums, "sums", at::kInt, 1);
-  TORCH_CHECK(x.stride(1) == 1, "int8_linear: x's rows must be dense");
-  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64, "int8_linear: weight must be contiguous (Nv, Kq, 64)");
-  const int64_t M = x.size(0), K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
-  TORCH_CHECK(Kq == (K + 3) / 4, "int8_linear: x has ", K, " inputs, the weight ", Kp, " (padded to 4)");
-  TORCH_CHECK(Kp <= kMaxInputs, "int8_linear: at most ", kMaxInputs, " inputs (the int32 sums could overflow), got ",
-              K);
-  TORCH_CHECK(N > 0 && Nv == (N + kLanes - 1) / kLanes, "int8_linear: ", N, " outputs, the weight holds ",
-              Nv * kLanes, " (padded to 16)");
-  TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
-                  sums.size(0) == Nv * kLanes,
-              "int8_linear: scales and sums must be contiguous (", Nv * kLanes, ",)");
+  check_product("int8_linear", x, weight, scales, sums, N);
+  const int64_t M = x.size(0), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
   const float* bd = bias_data("int8_linear", bias, N);
   int64_t res_row = 0;
   const float* rd = residual_data("int8_linear", residual, M, N, &res_row);
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
-  std::vector<uint8_t> xq(static_cast<size_t>(M * Kp), 0);
-  std::vector<float> xs(M);
-  std::vector<int32_t> xz(M);
-  const float* xd = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    float zero;
-    quantize_row(xd + m * x.stride(0), K, xq.data() + m * Kp, &xs[m], &zero);
-    xz[m] = static_cast<int32_t>(zero);
-  }
-  const Product p{xq.data(), xs.data(), xz.data(), weight.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                  sums.data_ptr<int32_t>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N, res_row, relu};
+  const QuantisedRows rows = quantise_rows(x, Kp, M);
+  const Product p{rows.q.data(), rows.scale.data(), rows.zero.data(), weight.data_ptr<int8_t>(),
+                  scales.data_ptr<float>(), sums.data_ptr<int32_t>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N,
+                  res_row, relu};
   // the threads take blocks of output vectors (each block's weights stay in its core's cache over all rows)
   const int64_t blocks = (Nv + kTileVectors - 1) / kTileVectors;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, M * Kp * kTileVectors * kLanes));
@@ -267,22 +298,6 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight, c
 // int8_linear, so the two give the same floats. Rows are taken 32 at a time, outputs 32 at a time (four int32
 // accumulator tiles); a call costs a few microseconds beyond its arithmetic.
 namespace {
-
-struct alignas(64) TileConfigInt8 {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-bool request_amx_int8() {
-  static const bool granted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
 
 // Rows m0 .. m0 + 16 * RM and output vectors j0 .. j0 + RN (RM, RN in {1, 2}) of the product p (p.xq: Mp rows).
 template <int RM, int RN>
@@ -315,26 +330,12 @@ void amx_block(const Product& p, int64_t M, int64_t m0, int64_t j0) {
   if (RM == 2) _tile_stored(2, acc[2], 64);
   if (RM == 2 && RN == 2) _tile_stored(3, acc[3], 64);
   for (int j = 0; j < RN; ++j) {
-    const int64_t n0 = (j0 + j) * kLanes;
-    if (n0 >= p.N) break;
-    const __mmask16 mask = p.N - n0 >= kLanes ? static_cast<__mmask16>(0xFFFF)
-                                              : static_cast<__mmask16>((1u << (p.N - n0)) - 1u);
-    const __m512 ws = _mm512_loadu_ps(p.ws + n0);
-    const __m512i wsum = _mm512_loadu_si512(p.wsum + n0);
-    const __m512 b = p.bias != nullptr ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
+    if ((j0 + j) * kLanes >= p.N) break;
+    const OutputVector out(p, (j0 + j) * kLanes);
     for (int i = 0; i < RM; ++i) {
       const int32_t* a = acc[2 * i + j];
-      for (int64_t r = 0; r < 16; ++r) {
-        const int64_t m = m0 + i * 16 + r;
-        if (m >= M) break;
-        // int8_linear's formula, term for term
-        const __m512i exact = _mm512_sub_epi32(_mm512_load_si512(a + r * 16),
-                                               _mm512_mullo_epi32(_mm512_set1_epi32(p.xz[m]), wsum));
-        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
-        if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-        if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
-        _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
-      }
+      for (int64_t r = 0; r < 16 && m0 + i * 16 + r < M; ++r)
+        out.write(p, m0 + i * 16 + r, _mm512_load_si512(a + r * 16));
     }
   }
 }
@@ -345,52 +346,25 @@ void amx_block(const Product& p, int64_t M, int64_t m0, int64_t j0) {
 torch::Tensor int8_amx_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& scales,
                               const torch::Tensor& sums, const c10::optional<torch::Tensor>& bias,
                               const c10::optional<torch::Tensor>& residual, bool relu, int64_t N) {
-  check("int8_amx_linear", x, "x", at::kFloat, 2);
-  check("int8_amx_linear", weight, "weight", at::kChar, 3);
-  check("int8_amx_linear", scales, "scales", at::kFloat, 1);
-  check("int8_amx_linear", sums, "sums", at::kInt, 1);
-  TORCH_CHECK(x.stride(1) == 1, "int8_amx_linear: x's rows must be dense");
-  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 64,
-              "int8_amx_linear: weight must be contiguous (Nv, Kq, 64)");
-  const int64_t M = x.size(0), K = x.size(1), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
-  TORCH_CHECK(Kq == (K + 3) / 4, "int8_amx_linear: x has ", K, " inputs, the weight ", Kp, " (padded to 4)");
+  check_product("int8_amx_linear", x, weight, scales, sums, N);
+  const int64_t M = x.size(0), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
   TORCH_CHECK(Kq % 16 == 0, "int8_amx_linear: the weight's inputs must be a multiple of 64, got ", Kp);
-  TORCH_CHECK(Kp <= kMaxInputs, "int8_amx_linear: at most ", kMaxInputs, " inputs, got ", K);
-  TORCH_CHECK(N > 0 && Nv == (N + kLanes - 1) / kLanes, "int8_amx_linear: ", N, " outputs, the weight holds ",
-              Nv * kLanes, " (padded to 16)");
-  TORCH_CHECK(scales.is_contiguous() && sums.is_contiguous() && scales.size(0) == Nv * kLanes &&
-                  sums.size(0) == Nv * kLanes,
-              "int8_amx_linear: scales and sums must be contiguous (", Nv * kLanes, ",)");
-  TORCH_CHECK(request_amx_int8(), "int8_amx_linear: the operating system refused the AMX tile state");
+  TORCH_CHECK(transduce_amx::request_tiles(), "int8_amx_linear: the operating system refused the AMX tile state");
   const float* bd = bias_data("int8_amx_linear", bias, N);
   int64_t res_row = 0;
   const float* rd = residual_data("int8_amx_linear", residual, M, N, &res_row);
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   const int64_t Mp = (M + 15) / 16 * 16;
-  std::vector<uint8_t> xq(static_cast<size_t>(Mp * Kp), 0);
-  std::vector<float> xs(Mp, 0.0f);
-  std::vector<int32_t> xz(Mp, 0);
-  const float* xd = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    float zero;
-    quantize_row(xd + m * x.stride(0), K, xq.data() + m * Kp, &xs[m], &zero);
-    xz[m] = static_cast<int32_t>(zero);
-  }
-  const Product p{xq.data(), xs.data(), xz.data(), weight.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                  sums.data_ptr<int32_t>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N, res_row, relu};
-  // the threads take chunks of 8 pairs of output vectors (256 outputs); in a chunk the row pairs are the outer
-  // loop, so that a row pair's quantised bytes stay in L1 over the chunk and the chunk's weights in L2 over the rows
+  const QuantisedRows rows = quantise_rows(x, Kp, Mp);
+  const Product p{rows.q.data(), rows.scale.data(), rows.zero.data(), weight.data_ptr<int8_t>(),
+                  scales.data_ptr<float>(), sums.data_ptr<int32_t>(), bd, rd, y.data_ptr<float>(), Kq, Kp, N, N,
+                  res_row, relu};
   const int64_t col_blocks = (Nv + 1) / 2, row_blocks = (Mp / 16 + 1) / 2, chunk = 8;
   const int64_t chunks = (col_blocks + chunk - 1) / chunk;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, Mp * Kp * 32 * chunk));
   at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
-    TileConfigInt8 config;
-    for (int t = 0; t < 8; ++t) {
-      config.colsb[t] = 64;
-      config.rows[t] = 16;
-    }
-    _tile_loadconfig(&config);
+    transduce_amx::configure_tiles();
     for (int64_t h = begin; h < end; ++h) {
       const int64_t c_end = std::min(col_blocks, (h + 1) * chunk);
       for (int64_t r = 0; r < row_blocks; ++r) {
