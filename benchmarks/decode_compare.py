@@ -22,7 +22,8 @@ products for every layer, whatever its size), ``ours-bf16-onednn-early`` (bf16 p
 transduce's AMX kernel: the layers of at least ``bf16_min_weights`` weights), ``ours-copied-early`` and
 ``ours-by-position-early`` (the step's self-attention cache copied into row order at every step, or stored by
 position, whatever the source's length; ``ours-bf16-copied-early``, ``ours-bf16-by-position-early`` the same in
-bf16) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel alone, without oneDNN's AMX products where the
+bf16), ``ours-bf16-unfused-early`` (bf16 with the logits written, then the candidates taken from them: not the
+AMX kernel's one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel alone, without oneDNN's AMX products where the
 CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
 
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
@@ -235,6 +236,13 @@ def main() -> None:
         ("ours-bf16-early", bf16, "transduce bf16, early stopping", True, None),
         ("ours-bf16-copied-early", bf16, "transduce bf16, cache copied, early stopping", True, copied),
         ("ours-bf16-by-position-early", bf16, "transduce bf16, cache by position, early stopping", True, by_position),
+        (
+            "ours-bf16-unfused-early",
+            bf16,
+            "transduce bf16, logits written, early stopping",
+            True,
+            {"bf16_fused_candidates": False},
+        ),
         (
             "ours-bf16-onednn-early",
             bf16_onednn,

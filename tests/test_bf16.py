@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ from torch import nn
 
 from decodekit import copy_sentences, one_thread
 from transduce import fastpaths
-from transduce.model import bf16
+from transduce.config import DecodeConfig
+from transduce.model import bf16, kernels
 from transduce.model.quantize import quantize_int8
+from transduce.search import candidates as search_candidates
 from transduce.search.translator import Translator
 
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"
@@ -163,6 +166,100 @@ def test_a_bf16_layer_through_the_amx_kernel_matches_onednn_and_reads_strided_ro
     torch.testing.assert_close(tiles, exact, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(tiles, onednn, atol=0.05, rtol=0.01)
     assert (tiles - exact).abs().max() < (onednn - exact).abs().max()
+
+
+@needs_amx
+@pytest.mark.parametrize("relu", [True, False])
+def test_the_step_functions_amx_route_is_resolved_once_and_gives_projects_values(relu):
+    """bf16_function binds the AMX kernel and the packed weight when a search starts: its calls give project()'s
+    values bit for bit (strided rows and residuals included), and inputs the kernel does not take (rows with
+    gradients, three dimensions) go through project() instead."""
+    torch.manual_seed(2)
+    layer = bf16.BF16Linear(nn.Linear(128, 80))
+    x, residual = torch.randn(6, 2, 128)[:, 1, :], torch.randn(6, 3, 80)[:, 2, :]
+    activation = "relu" if relu else None
+    step = bf16.bf16_function(layer, relu)
+    with torch.inference_mode():
+        expected = bf16.project(layer, x, activation, residual)
+        assert torch.equal(step(x, residual), expected)
+        assert torch.equal(step(x), bf16.project(layer, x, activation))
+        assert torch.equal(step(x.reshape(2, 3, 128)), bf16.project(layer, x, activation).view(2, 3, 80))
+    with torch.no_grad():  # (outside inference mode, as a training's validation decodes)
+        assert torch.equal(step(x, residual), expected)
+    with fastpaths.override(bf16_amx=False):  # set when a search starts: the next search's functions take oneDNN
+        onednn = bf16.bf16_function(layer, relu)
+        with torch.inference_mode():
+            assert not torch.equal(onednn(x, residual), expected)
+            torch.testing.assert_close(onednn(x, residual), expected, atol=0.05, rtol=0.01)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows, inputs, outputs, k", [(1, 8, 3, 3), (17, 100, 1001, 8), (128, 128, 8000, 8),
+                                                      (40, 64, 520, 520), (33, 40, 300, 1)])  # fmt: skip
+def test_the_fused_candidates_are_row_candidates_of_the_amx_kernels_logits(rows, inputs, outputs, k):
+    """amx_bf16_candidates gives what row_candidates gives for amx_bf16_linear's logits: the same values and ids
+    (the same float32 sums, ties to the smaller id), the normalisers up to the order of summation; excluded ids
+    (at the edges of its 256-output chunks too) are left out of the top k but counted in the normaliser."""
+    torch.manual_seed(outputs)
+    x, weight, bias = torch.randn(rows, inputs), torch.randn(outputs, inputs).bfloat16(), torch.randn(outputs)
+    packed = AMX.amx_bf16_pack(weight)
+    excluded = torch.tensor(sorted(i for i in {0, 2, 255, 256, 511, outputs - 1} if i < outputs))
+    for b in (bias, None):
+        logits = AMX.amx_bf16_linear(x, packed, b, None, False, outputs)
+        normalisers, values, indices = AMX.amx_bf16_candidates(x, packed, b, outputs, k, excluded)
+        expected = kernels.row_candidates(logits.clone(), k, excluded)
+        assert torch.equal(values, expected[1]) and torch.equal(indices, expected[2])
+        torch.testing.assert_close(normalisers, torch.logsumexp(logits, dim=1), atol=1e-5, rtol=1e-6)
+        if k <= outputs - excluded.numel():  # (else the top k holds excluded ids, at -inf)
+            assert not torch.isin(indices, excluded).any()
+
+
+@needs_amx
+def test_the_fused_candidates_refuse_bad_arguments_in_one_line():
+    packed = AMX.amx_bf16_pack(torch.randn(40, 32).bfloat16())
+    x = torch.randn(3, 32)
+    with pytest.raises(RuntimeError, match=r"amx_bf16_candidates: need 1 <= k <= outputs, got k=41, outputs=40"):
+        AMX.amx_bf16_candidates(x, packed, None, 40, 41, torch.tensor([], dtype=torch.long))
+    with pytest.raises(RuntimeError, match=r"amx_bf16_candidates: excluded id 40 is out of range for 40"):
+        AMX.amx_bf16_candidates(x, packed, None, 40, 4, torch.tensor([40]))
+    with pytest.raises(RuntimeError, match=r"amx_bf16_candidates: x has 64 inputs, the weight 32"):
+        AMX.amx_bf16_candidates(torch.randn(3, 64), packed, None, 40, 4, torch.tensor([], dtype=torch.long))
+
+
+@needs_amx
+def test_beam_search_with_the_fused_candidates_finds_what_it_finds_from_written_logits(copy_checkpoint: Path):
+    """The bf16 model's beam search with the projection and the candidates in one pass (the logits never written)
+    gives the n-best lists of the search that writes the logits, with the same scores up to the normalisers'
+    order of summation; with a minimum length (the masked ids change at min_len) and output limits that some
+    sentences reach (their steps mask rows differently and take the written logits)."""
+    from transduce.search import generate
+    from transduce.search.common import pad_sequences
+
+    with fastpaths.override(bf16_min_weights=0):
+        half = Translator.load(copy_checkpoint, precision="bf16")
+    model, c = half.model, half.model.config
+    ids = half.tokenizer.encode_src_batch(copy_sentences(20, seed=7))
+    src = pad_sequences([[*row, c.eos_id] for row in ids], c.pad_id)
+    used = []
+    real = search_candidates.RowCandidates.step
+
+    def spy(self, *args, **kwargs):
+        found = real(self, *args, **kwargs)
+        used.append(found is not None)
+        return found
+
+    results = []
+    with one_thread(), mock.patch.object(search_candidates.RowCandidates, "step", spy):
+        for fused in (True, False):
+            for decode in (DecodeConfig(beam=4, nbest=4, min_len=3), DecodeConfig(beam=4, max_len_a=0.5, max_len_b=2)):
+                with fastpaths.override(bf16_fused_candidates=fused):
+                    results.append(generate(model, src, decode))
+    assert any(used) and not all(used)  # the fused pass at most steps, the written logits at the limits
+    for got, expected in zip(results[:2], results[2:]):
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx(
+            [h.score for hyps in expected for h in hyps], abs=1e-4
+        )
 
 
 @needs_amx

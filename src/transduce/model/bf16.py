@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from transduce import fastpaths
 from transduce.model import kernels
 
-__all__ = ["BF16Linear", "bf16_function", "bf16_products", "project"]
+__all__ = ["BF16Linear", "bf16_function", "bf16_products", "candidates_function", "project"]
 
 
 class BF16Linear(nn.Module):
@@ -151,8 +151,45 @@ def project(linear: BF16Linear, x: Tensor, activation: str | None = None, residu
 def bf16_function(linear: BF16Linear, relu: bool = False) -> Callable[..., Tensor]:
     """``linear`` as a function of ``(x, residual=None)`` for the decoding step (``model/step.py``)."""
     activation = "relu" if relu else None
+    amx = amx_kernel()
+    if amx is None:
 
-    def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
-        return project(linear, x, activation, residual)
+        def call(x: Tensor, residual: Tensor | None = None) -> Tensor:
+            return project(linear, x, activation, residual)
+
+        return call
+    # the AMX kernel, resolved once per search (a step makes dozens of these calls): float32 rows of the CPU, as
+    # decoding's are; anything else (bf16 activations under autocast, gradients) through project()
+    weight, bias, outputs = *linear.tiled_weight(amx), linear.out_features
+
+    def call_amx(x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or torch.is_grad_enabled():
+            return project(linear, x, activation, residual)
+        if residual is not None and residual.dim() != 2:
+            return project(linear, x, activation, residual)
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        residual = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()
+        return amx.amx_bf16_linear(x, weight, bias, residual, relu, outputs)
+
+    return call_amx
+
+
+def candidates_function(linear: BF16Linear) -> Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor, Tensor]] | None:
+    """The pre-softmax projection ``linear`` and a beam step's reduction of its logits in one pass, through the AMX
+    kernel (``amx_bf16_candidates`` in ``model/csrc/amx.cpp``): a function of ``(x, k, excluded)``, float32 rows
+    ``x`` (R, d_model) with dense rows, that returns what :func:`transduce.model.kernels.row_candidates` returns
+    for ``project(linear, x)`` (``(normalisers (R,), values (R, k), tokens (R, k))``: each row's logsumexp, then
+    its ``k`` largest logits with the ids ``excluded`` left out) without writing the logits. None where the AMX
+    kernel does not apply (:func:`amx_kernel`)."""
+    amx = amx_kernel()
+    if amx is None or not hasattr(amx, "amx_bf16_candidates"):
+        return None
+    weight, bias = linear.tiled_weight(amx)
+    outputs = linear.out_features
+
+    def call(x: Tensor, k: int, excluded: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        normalisers, values, tokens = amx.amx_bf16_candidates(x, weight, bias, outputs, k, excluded)
+        return normalisers, values, tokens
 
     return call

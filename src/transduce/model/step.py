@@ -163,9 +163,13 @@ class StepWeights:
         )  # fmt: skip
 
 
-def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+def decode_step(
+    model: nn.Module, tokens: Tensor, cache: DecoderCache, logits: bool = True
+) -> tuple[Tensor, DecoderCache]:
     """:meth:`~transduce.model.Transformer.decode` for ``tokens`` of shape (B, 1), in inference: the logits (B, 1,
-    tgt_vocab) of the next token and the cache extended by this position (the cache passed in is not modified)."""
+    tgt_vocab) of the next token and the cache extended by this position (the cache passed in is not modified).
+    With ``logits=False`` the decoder's output states (B, d_model) instead, before the pre-softmax projection (for
+    a search that reduces the logits as it makes them: ``search/candidates.py``)."""
     weights = cache.step_weights
     if weights is None or weights.model is not model:
         weights = StepWeights.of(model)
@@ -240,10 +244,11 @@ def decode_step(model: nn.Module, tokens: Tensor, cache: DecoderCache) -> tuple[
         x = w.w2(h if w.activation is None else w.activation(h), x)
         if not pre:
             x = w.norm3(x)
-    logits = weights.output(weights.final_norm(x))[:, None]  # (B, 1, V)
+    out = weights.final_norm(x)  # (B, d_model)
+    out = weights.output(out)[:, None] if logits else out  # (B, 1, V)
     if by_table:
-        return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, None, weights, table, written)
-    return logits, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)
+        return out, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, None, weights, table, written)
+    return out, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)
 
 
 FIRST_CAPACITY = 16  # positions of a new by-position storage; it doubles when full

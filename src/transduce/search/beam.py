@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.search.candidates import RowCandidates, beam_candidates, top_candidates
+from transduce.search.candidates import RowCandidates, beam_candidates, candidates_from_row_tops, top_candidates
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
@@ -159,22 +159,29 @@ def beam_search(
     tokens_in = bos[:n]
     row_limit = limit
     beam_offsets = torch.arange(2 * beam, device=device)
-    one_pass = RowCandidates(cfg, min_len, device)
+    # (with a bf16 pre-softmax projection in the AMX tiles, the logits are reduced to the candidates as they are made)
+    one_pass = RowCandidates(cfg, min_len, device, model if use_cache and constraint is None else None)
 
     step = 0
     while True:
-        # the next token's logits for every live hypothesis (`width` rows per sentence)
-        if use_cache:
-            logits, cache = model.decode(tokens_in, memory, cache)
-        else:
-            logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
-
-        # the candidates: beam_step over the next token's log-probabilities, with the rules on the next token applied
-        # (through the kernels where they apply: search/candidates.py)
+        # the next token's logits for every live hypothesis (`width` rows per sentence), and the candidates:
+        # beam_step over the next token's log-probabilities, with the rules on the next token applied (through the
+        # kernels where they apply: search/candidates.py)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
-        cand_scores, cand_tokens, cand_beams = beam_candidates(
-            logits, scores, 2 * beam, step, limits, one_pass, constraint
-        )
+        fused = one_pass.step(model, tokens_in, cache, 2 * beam, step, limits) if use_cache else None
+        if fused is not None:
+            (normaliser, values, row_tokens), cache = fused
+            cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
+                values, row_tokens, normaliser, scores, 2 * beam
+            )
+        else:
+            if use_cache:
+                logits, cache = model.decode(tokens_in, memory, cache)
+            else:
+                logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
+            cand_scores, cand_tokens, cand_beams = beam_candidates(
+                logits, scores, 2 * beam, step, limits, one_pass, constraint
+            )
         cand_eos = cand_tokens.eq(cfg.eos_id)
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.model import kernels
+from transduce import fastpaths
+from transduce.model import bf16, kernels
+from transduce.model.step import decode_step
 from transduce.search.common import (
     NEG_INF,
     always_masked,
@@ -89,12 +91,29 @@ class RowCandidates:
     """A search's next-token candidates in one kernel pass over the logits (:func:`transduce.model.kernels.
     row_candidates`: each row's logsumexp, then :func:`always_masked` set to -inf, then its ``k`` largest logits),
     for the steps where that applies: float32 CPU logits with dense rows, the kernels built, and every row masked
-    alike (:func:`masks_rows_alike`). The masked ids are made once per search."""
+    alike (:func:`masks_rows_alike`). The masked ids are made once per search.
 
-    def __init__(self, config: Any, min_len: int, device: torch.device):
+    With ``model`` (a beam search's, when nothing else masks its tokens): where the model's pre-softmax projection
+    has bf16 products through the AMX kernel, :meth:`step` makes the decoding step's logits and reduces them in one
+    kernel (:func:`transduce.model.bf16.candidates_function`) without writing them."""
+
+    def __init__(self, config: Any, min_len: int, device: torch.device, model: Any = None):
         self.min_len = min_len
         # [from min_len on, before it]
         self.masked = [torch.tensor(always_masked(config, m, min_len), device=device) for m in (min_len, 0)]
+        self.fused = _fused_output(model) if model is not None else None
+
+    def step(
+        self, model: Any, tokens: Tensor, cache: Any, k: int, step: int, limits: dict[str, Any]
+    ) -> tuple[tuple[Tensor, Tensor, Tensor], Any] | None:
+        """The decoding step for ``tokens`` (rows, 1) with ``cache`` and this call's result for its logits, as
+        ``((normalisers, values, tokens), new cache)``, through the fused projection; None where it does not apply
+        (no fused projection, or rows masked differently at this step): then the caller decodes as usual."""
+        if self.fused is None or not masks_rows_alike(step, **limits):
+            return None
+        states, cache = decode_step(model, tokens, cache, logits=False)  # (rows, d_model)
+        vocab = model.config.tgt_vocab_size
+        return self.fused(states, min(k, vocab), self.masked[step < self.min_len]), cache
 
     def __call__(self, last: Tensor, k: int, step: int, limits: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor] | None:
         """``(normalisers (R,), values (R, k'), tokens (R, k'))`` with ``k' = min(k, V)`` for the logits ``last``
@@ -102,6 +121,21 @@ class RowCandidates:
         if not (kernels.applies(last) and last.is_contiguous() and masks_rows_alike(step, **limits)):
             return None
         return kernels.row_candidates(last, min(k, last.shape[1]), self.masked[step < self.min_len])
+
+
+def _fused_output(model: Any) -> Any:
+    """:func:`transduce.model.bf16.candidates_function` of ``model``'s pre-softmax projection where a search's steps
+    can use it: a :class:`~transduce.model.Transformer` in inference (not an ensemble) decoding through the step
+    function and the kernels (float32 on the CPU, no autocast) whose projection has bf16 products; else None."""
+    output = getattr(model, "output", None)
+    if type(output) is not bf16.BF16Linear or not hasattr(model, "decoder_layers") or model.training:
+        return None
+    paths = fastpaths.settings
+    if not (paths.bf16_fused_candidates and paths.step_function and kernels.applies(model.tgt_embed.weight)):
+        return None
+    if model.tgt_embed.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or torch.is_grad_enabled():
+        return None
+    return bf16.candidates_function(output)
 
 
 _CHUNKS = (64, 32, 16)  # chunk sizes tried by _chunked_topk, largest first

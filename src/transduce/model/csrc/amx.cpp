@@ -28,6 +28,7 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
 #include "amx_tiles.h"
+#include "vecmath.h"
 #define TRANSDUCE_AMX 1
 #endif
 
@@ -46,9 +47,10 @@ struct Product {
   const uint16_t* w;  // (Np / 16, Kp / 32, 16, 32) bf16 tiles
   const float* bias;  // (N,) or nullptr
   const float* res;   // residual rows or nullptr
-  float* y;
+  float* y;           // output rows: row m, output n at y[(m - y_m0) * y_row + n - y_n0]
   int64_t M, N, Kp, res_row;
   bool relu;
+  int64_t y_row, y_m0 = 0, y_n0 = 0;
 };
 
 // The output block of rows m0 .. m0 + 16 * RM and outputs n0 .. n0 + 16 * RN (RM, RN in {1, 2}): the accumulators
@@ -97,10 +99,19 @@ void block(const Product& p, int64_t m0, int64_t n0) {
         __m512 v = _mm512_add_ps(_mm512_load_ps(a + r * kTileCols), b);
         if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
         if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n));
-        _mm512_mask_storeu_ps(p.y + m * p.N + n, mask, v);
+        _mm512_mask_storeu_ps(p.y + (m - p.y_m0) * p.y_row + n - p.y_n0, mask, v);
       }
     }
   }
+}
+
+// The output block at rows m0 and outputs n0 of 2 x 2 tiles, or fewer at the edges (Mp rows, nb output tiles).
+inline void any_block(const Product& p, int64_t m0, int64_t n0, int64_t Mp, int64_t nb) {
+  const bool two_rows = m0 + kTileRows < Mp, two_cols = n0 + kTileCols < nb * kTileCols;
+  if (two_rows && two_cols) block<2, 2>(p, m0, n0);
+  else if (two_rows) block<2, 1>(p, m0, n0);
+  else if (two_cols) block<1, 2>(p, m0, n0);
+  else block<1, 1>(p, m0, n0);
 }
 
 // A row of x (K floats) rounded to bf16 (to nearest, ties to even) into out.
@@ -151,70 +162,160 @@ torch::Tensor amx_bf16_pack(const torch::Tensor& weight) {
   return packed;
 }
 
+namespace {
+
+// The checked inputs of a product: x's rows rounded into the (Mp, Kp) bf16 buffer the tiles read, the weight's
+// tiles and the bias.
+struct Inputs {
+  std::vector<uint16_t> xb;
+  const uint16_t* w;
+  const float* bias;
+  int64_t M, Mp, Kp, nb;
+};
+
+Inputs prepare(const char* fn, const torch::Tensor& x, const torch::Tensor& weight,
+               const c10::optional<torch::Tensor>& bias, int64_t N) {
+  check(fn, x, "x", at::kFloat, 2);
+  check(fn, weight, "weight", at::kBFloat16, 4);
+  TORCH_CHECK(x.stride(1) == 1, fn, ": x's rows must be dense");
+  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 16 && weight.size(3) == 32, fn,
+              ": weight must be contiguous (Np / 16, Kp / 32, 16, 32)");
+  const int64_t M = x.size(0), K = x.size(1), nb = weight.size(0), kb = weight.size(1), Kp = kb * kTileK;
+  TORCH_CHECK(kb == (K + kTileK - 1) / kTileK, fn, ": x has ", K, " inputs, the weight ", Kp, " (padded to 32)");
+  TORCH_CHECK(N > 0 && nb == (N + kTileCols - 1) / kTileCols, fn, ": ", N, " outputs, the weight holds ",
+              nb * kTileCols, " (padded to 16)");
+  TORCH_CHECK(request_tiles(), fn, ": the operating system refused the AMX tile state");
+  const float* bd = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    check(fn, *bias, "bias", at::kFloat, 1);
+    TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, fn, ": bias must be contiguous (", N, ",)");
+    bd = bias->data_ptr<float>();
+  }
+  const int64_t Mp = (M + kTileRows - 1) / kTileRows * kTileRows;
+  std::vector<uint16_t> xb(static_cast<size_t>(Mp * Kp), 0);
+  const float* xd = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) round_row(xd + m * x.stride(0), K, xb.data() + m * Kp);
+  return {std::move(xb), reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), bd, M, Mp, Kp, nb};
+}
+
+constexpr int64_t kChunk = 8;  // pairs of output tiles (256 outputs) a thread takes at a time
+
+}  // namespace
+
 // x: (M, K) float32 with dense rows; weight: from amx_bf16_pack; bias: (N,) float32 or None; residual: (M, N)
 // float32 with dense rows or None. Returns (M, N) float32.
 torch::Tensor amx_bf16_linear(const torch::Tensor& x, const torch::Tensor& weight,
                               const c10::optional<torch::Tensor>& bias, const c10::optional<torch::Tensor>& residual,
                               bool relu, int64_t N) {
-  check("amx_bf16_linear", x, "x", at::kFloat, 2);
-  check("amx_bf16_linear", weight, "weight", at::kBFloat16, 4);
-  TORCH_CHECK(x.stride(1) == 1, "amx_bf16_linear: x's rows must be dense");
-  TORCH_CHECK(weight.is_contiguous() && weight.size(2) == 16 && weight.size(3) == 32,
-              "amx_bf16_linear: weight must be contiguous (Np / 16, Kp / 32, 16, 32)");
-  const int64_t M = x.size(0), K = x.size(1), nb = weight.size(0), kb = weight.size(1), Kp = kb * kTileK;
-  TORCH_CHECK(kb == (K + kTileK - 1) / kTileK, "amx_bf16_linear: x has ", K, " inputs, the weight ", Kp,
-              " (padded to 32)");
-  TORCH_CHECK(N > 0 && nb == (N + kTileCols - 1) / kTileCols, "amx_bf16_linear: ", N, " outputs, the weight holds ",
-              nb * kTileCols, " (padded to 16)");
-  TORCH_CHECK(request_tiles(), "amx_bf16_linear: the operating system refused the AMX tile state");
-  const float* bd = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    check("amx_bf16_linear", *bias, "bias", at::kFloat, 1);
-    TORCH_CHECK(bias->is_contiguous() && bias->size(0) == N, "amx_bf16_linear: bias must be contiguous (", N, ",)");
-    bd = bias->data_ptr<float>();
-  }
+  const char* fn = "amx_bf16_linear";
+  Inputs in = prepare(fn, x, weight, bias, N);
+  const int64_t M = in.M, Mp = in.Mp, nb = in.nb;
   const float* rd = nullptr;
   int64_t res_row = 0;
   if (residual.has_value() && residual->defined()) {
-    check("amx_bf16_linear", *residual, "residual", at::kFloat, 2);
+    check(fn, *residual, "residual", at::kFloat, 2);
     TORCH_CHECK(residual->size(0) == M && residual->size(1) == N && residual->stride(1) == 1,
-                "amx_bf16_linear: residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
+                fn, ": residual must be (", M, ", ", N, ") with dense rows, got ", residual->sizes());
     rd = residual->data_ptr<float>();
     res_row = residual->stride(0);
   }
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
-  const int64_t Mp = (M + kTileRows - 1) / kTileRows * kTileRows;
-  std::vector<uint16_t> xb(static_cast<size_t>(Mp * Kp), 0);
-  const float* xd = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) round_row(xd + m * x.stride(0), K, xb.data() + m * Kp);
-  const Product p{xb.data(), reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), bd, rd,
-                  y.data_ptr<float>(), M, N, Kp, res_row, relu};
+  const Product p{in.xb.data(), in.w, in.bias, rd, y.data_ptr<float>(), M, N, in.Kp, res_row, relu, N};
   // the threads take chunks of 8 pairs of output tiles (256 outputs); in a chunk the row pairs are the outer loop,
   // so that a row pair's bf16 values stay in L1 over the chunk and the chunk's weights in L2 over the rows
-  const int64_t col_blocks = (nb + 1) / 2, row_blocks = (Mp / kTileRows + 1) / 2, chunk = 8;
-  const int64_t chunks = (col_blocks + chunk - 1) / chunk;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, Mp * Kp * 32 * chunk));
+  const int64_t col_blocks = (nb + 1) / 2, row_blocks = (Mp / kTileRows + 1) / 2;
+  const int64_t chunks = (col_blocks + kChunk - 1) / kChunk;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, Mp * in.Kp * 32 * kChunk));
   at::parallel_for(0, chunks, grain, [&](int64_t begin, int64_t end) {
     configure_tiles();
     for (int64_t h = begin; h < end; ++h) {
-      const int64_t c_end = std::min(col_blocks, (h + 1) * chunk);
+      const int64_t c_end = std::min(col_blocks, (h + 1) * kChunk);
       for (int64_t r = 0; r < row_blocks; ++r) {
         const int64_t m0 = r * 2 * kTileRows;
-        const bool two_rows = m0 + kTileRows < Mp;
-        for (int64_t c = h * chunk; c < c_end; ++c) {
-          const int64_t n0 = c * 2 * kTileCols;
-          const bool two_cols = n0 + kTileCols < nb * kTileCols;
-          if (two_rows && two_cols) block<2, 2>(p, m0, n0);
-          else if (two_rows) block<2, 1>(p, m0, n0);
-          else if (two_cols) block<1, 2>(p, m0, n0);
-          else block<1, 1>(p, m0, n0);
-        }
+        for (int64_t c = h * kChunk; c < c_end; ++c) any_block(p, m0, c * 2 * kTileCols, Mp, nb);
       }
     }
     _tile_release();
   });
   return y;
+}
+
+// What a beam search needs of the logits y = x W^T + b (amx_bf16_linear's, of the pre-softmax projection) without
+// writing them: for each row its logsumexp (of every logit), then its k largest logits with the ids in excluded
+// left out, and their ids: (normalisers (M,), values (M, k), indices (M, k)), as decoding.cpp's row_candidates
+// gives them from the written logits (the same values and ids; the normaliser up to the order of summation).
+//
+// Why: for a small model the logits are most of a step's memory traffic (128 rows x 8,000 pieces: 4 MB written by
+// the product, read again by row_candidates). Here each row pair's 256 logits of a chunk go through a 32 KB buffer
+// in L1: their max and sum of exponentials update the row's running logsumexp (rescaled when the max grows), and
+// the values above the row's k-th best so far enter its top k (vecmath.h's RowTopK, fed in the order of the ids).
+// The threads take row pairs (each row's state stays with one thread), the chunks of outputs in order within them.
+std::vector<torch::Tensor> amx_bf16_candidates(const torch::Tensor& x, const torch::Tensor& weight,
+                                               const c10::optional<torch::Tensor>& bias, int64_t N, int64_t k,
+                                               const torch::Tensor& excluded) {
+  const char* fn = "amx_bf16_candidates";
+  Inputs in = prepare(fn, x, weight, bias, N);
+  TORCH_CHECK(k >= 1 && k <= N, fn, ": need 1 <= k <= outputs, got k=", k, ", outputs=", N);
+  TORCH_CHECK(excluded.dim() == 1 && excluded.scalar_type() == at::kLong && excluded.device().is_cpu(), fn,
+              ": excluded must be a 1-D int64 CPU tensor");
+  auto ids = excluded.contiguous();
+  std::vector<int64_t> skip(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.size(0));
+  for (const int64_t e : skip) TORCH_CHECK(e >= 0 && e < N, fn, ": excluded id ", e, " is out of range for ", N);
+  std::sort(skip.begin(), skip.end());
+  const int64_t M = in.M, Mp = in.Mp, nb = in.nb;
+  auto normalisers = torch::empty({M}, x.options());
+  auto values = torch::empty({M, k}, x.options());
+  auto indices = torch::empty({M, k}, x.options().dtype(at::kLong));
+  if (M == 0) return {normalisers, values, indices};
+  float* nd = normalisers.data_ptr<float>();
+  float* vd = values.data_ptr<float>();
+  int64_t* id = indices.data_ptr<int64_t>();
+  const int64_t col_blocks = (nb + 1) / 2, row_blocks = (Mp / kTileRows + 1) / 2, width = kChunk * 2 * kTileCols;
+  at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    const int64_t rows = std::min(M, end * 2 * kTileRows) - begin * 2 * kTileRows;
+    std::vector<float> buffer(static_cast<size_t>(2 * kTileRows * width));
+    std::vector<float> top(rows, kNegInf), sum(rows, 0.0f), odd(rows, 0.0f);  // odd: a NaN or +inf max seen
+    std::vector<RowTopK> best;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t m = begin * 2 * kTileRows + i;
+      best.push_back(RowTopK{vd + m * k, id + m * k, k});
+    }
+    Product p{in.xb.data(), in.w, in.bias, nullptr, buffer.data(), M, N, in.Kp, 0, false, width};
+    for (int64_t c0 = 0; c0 < col_blocks; c0 += kChunk) {
+      const int64_t n_start = c0 * 2 * kTileCols, count = std::min(width, N - n_start);
+      const auto skip_begin = std::lower_bound(skip.begin(), skip.end(), n_start);
+      const auto skip_end = std::lower_bound(skip_begin, skip.end(), n_start + count);
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t m0 = r * 2 * kTileRows;
+        p.y_m0 = m0;
+        p.y_n0 = n_start;
+        for (int64_t c = c0; c < std::min(col_blocks, c0 + kChunk); ++c) any_block(p, m0, c * 2 * kTileCols, Mp, nb);
+        for (int64_t m = m0; m < std::min(M, m0 + 2 * kTileRows); ++m) {
+          float* row = buffer.data() + (m - m0) * width;
+          const int64_t i = m - begin * 2 * kTileRows;
+          const float chunk_max = max_of(row, count);
+          if (chunk_max != chunk_max || chunk_max == -kNegInf) {
+            odd[i] = odd[i] != odd[i] ? odd[i] : chunk_max;  // NaN stays NaN, else +inf
+          } else if (chunk_max != kNegInf) {
+            const float new_top = std::max(top[i], chunk_max);
+            const float kept = top[i] == kNegInf ? 0.0f : sum[i] * std::exp(top[i] - new_top);
+            sum[i] = kept + sum_exp(row, new_top, count, nullptr);
+            top[i] = new_top;
+          }
+          for (auto e = skip_begin; e != skip_end; ++e) row[*e - n_start] = kNegInf;
+          best[i].scan(row, count, n_start);
+        }
+      }
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t m = begin * 2 * kTileRows + i;
+      nd[m] = odd[i] != 0.0f ? odd[i] : top[i] == kNegInf ? kNegInf : top[i] + std::log(sum[i]);
+    }
+    _tile_release();
+  });
+  return {normalisers, values, indices};
 }
 
 void register_amx(pybind11::module_& m) {
@@ -224,6 +325,10 @@ void register_amx(pybind11::module_& m) {
   m.def("amx_bf16_linear", &amx_bf16_linear, "x W^T + b with x rounded to bf16, summed in float32 in AMX tiles",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("residual"),
         pybind11::arg("relu"), pybind11::arg("outputs"), release());
+  m.def("amx_bf16_candidates", &amx_bf16_candidates,
+        "amx_bf16_linear's logits, each row's logsumexp and top k (excluded ids left out), without writing them",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("outputs"),
+        pybind11::arg("k"), pybind11::arg("excluded"), release());
 }
 #else
 void register_amx(pybind11::module_&) {}  // no AMX-BF16: bf16.py multiplies through oneDNN or F.linear

@@ -354,44 +354,10 @@ float logsumexp_row(const float* x, int64_t n) {
   return top + std::log(sum_exp(x, top, n, nullptr));
 }
 
-// The k largest of the V values x[0 .. V), largest first, into best[0 .. k) and their indices into where[0 .. k);
-// among equal values the one with the smaller index first (-inf values included, NaN not expected). One pass: a
-// block of values is compared with the k-th best so far, and a value inserted only when larger.
+// The k largest of the V values x[0 .. V), largest first, into best[0 .. k) and their indices into where[0 .. k)
+// (vecmath.h's RowTopK over the whole row).
 void topk_row(const float* __restrict x, int64_t V, int64_t k, float* __restrict best, int64_t* __restrict where) {
-  int64_t n = 0;  // filled slots
-  auto insert = [&](float value, int64_t j) {
-    int64_t pos = n < k ? n++ : k - 1;
-    while (pos > 0 && best[pos - 1] < value) {  // strict: an equal value already there stays ahead
-      best[pos] = best[pos - 1];
-      where[pos] = where[pos - 1];
-      --pos;
-    }
-    best[pos] = value;
-    where[pos] = j;
-  };
-  int64_t j = 0;
-  for (; j < k; ++j) insert(x[j], j);
-  constexpr int64_t kBlock = 16;
-  for (; j < V && j % kBlock != 0; ++j)
-    if (x[j] > best[k - 1]) insert(x[j], j);
-  for (; j + kBlock <= V; j += kBlock) {
-    const float threshold = best[k - 1];
-#if defined(TRANSDUCE_AVX512)
-    const bool any = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), _mm512_set1_ps(threshold), _CMP_GT_OQ) != 0;
-#elif defined(TRANSDUCE_AVX2)
-    const __m256 t8 = _mm256_set1_ps(threshold);
-    const int any = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), t8, _CMP_GT_OQ)) |
-                    _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j + 8), t8, _CMP_GT_OQ));
-#else
-    int any = 0;
-    for (int64_t i = 0; i < kBlock; ++i) any |= x[j + i] > threshold;
-#endif
-    if (!any) continue;  // the usual case once the first few hundred values are in
-    for (int64_t i = 0; i < kBlock; ++i)
-      if (x[j + i] > best[k - 1]) insert(x[j + i], j + i);
-  }
-  for (; j < V; ++j)
-    if (x[j] > best[k - 1]) insert(x[j], j);
+  RowTopK{best, where, k}.scan(x, V, 0);
 }
 
 void check_rows(const torch::Tensor& x, const char* name) {

@@ -1,6 +1,6 @@
-// Vectorised float32 helpers shared by transduce's CPU kernels (decoding.cpp, training.cpp): a polynomial e^x for
-// x <= 0, horizontal sums and maxima, a row's max and its sum of exponentials. Each translation unit gets its own
-// copy (internal linkage).
+// Vectorised float32 helpers shared by transduce's CPU kernels (decoding.cpp, training.cpp, amx.cpp): a polynomial
+// e^x for x <= 0, horizontal sums and maxima, a row's max and its sum of exponentials, a row's k largest values.
+// Each translation unit gets its own copy (internal linkage).
 #pragma once
 
 #include <algorithm>
@@ -175,5 +175,55 @@ inline float max_of(const float* x, int64_t n) {
   }
   return nan ? std::numeric_limits<float>::quiet_NaN() : top;
 }
+
+// The k largest of a row's values seen so far, largest first, in best[0 .. k) with their indices in where[0 .. k);
+// among equal values the one with the smaller index first (-inf values included, NaN not expected). The values
+// are fed in increasing index order (scan, one or more calls a row); each block of 16 is compared with the k-th
+// best so far and a value inserted only when larger, so that once the first few hundred values are in, a block
+// costs one comparison.
+struct RowTopK {
+  float* best;
+  int64_t* where;
+  int64_t k;
+  int64_t n = 0;  // filled slots
+
+  void insert(float value, int64_t j) {
+    int64_t pos = n < k ? n++ : k - 1;
+    while (pos > 0 && best[pos - 1] < value) {  // strict: an equal value already there stays ahead
+      best[pos] = best[pos - 1];
+      where[pos] = where[pos - 1];
+      --pos;
+    }
+    best[pos] = value;
+    where[pos] = j;
+  }
+
+  // x[0 .. count) are the values of indices offset .. offset + count.
+  void scan(const float* __restrict x, int64_t count, int64_t offset) {
+    int64_t j = 0;
+    for (; j < count && n < k; ++j) insert(x[j], offset + j);
+    constexpr int64_t kBlock = 16;
+    for (; j < count && j % kBlock != 0; ++j)
+      if (x[j] > best[k - 1]) insert(x[j], offset + j);
+    for (; j + kBlock <= count; j += kBlock) {
+      const float threshold = best[k - 1];
+#if defined(TRANSDUCE_AVX512)
+      const bool any = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), _mm512_set1_ps(threshold), _CMP_GT_OQ) != 0;
+#elif defined(TRANSDUCE_AVX2)
+      const __m256 t8 = _mm256_set1_ps(threshold);
+      const int any = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), t8, _CMP_GT_OQ)) |
+                      _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j + 8), t8, _CMP_GT_OQ));
+#else
+      int any = 0;
+      for (int64_t i = 0; i < kBlock; ++i) any |= x[j + i] > threshold;
+#endif
+      if (!any) continue;  // the usual case
+      for (int64_t i = 0; i < kBlock; ++i)
+        if (x[j + i] > best[k - 1]) insert(x[j + i], offset + j + i);
+    }
+    for (; j < count; ++j)
+      if (x[j] > best[k - 1]) insert(x[j], offset + j);
+  }
+};
 
 }  // namespace
