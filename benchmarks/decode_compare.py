@@ -23,8 +23,8 @@ transduce's AMX kernel: the layers of at least ``bf16_min_weights`` weights), ``
 ``ours-by-position-early`` (the step's self-attention cache copied into row order at every step, or stored by
 position, whatever the source's length; ``ours-bf16-copied-early``, ``ours-bf16-by-position-early`` the same in
 bf16), ``ours-bf16-unfused-early`` (bf16 with the logits written, then the candidates taken from them: not the
-AMX kernel's one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel alone, without oneDNN's AMX products where the
-CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
+AMX kernel's one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel alone, not in the AMX tiles
+where the CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
 
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2

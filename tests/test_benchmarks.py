@@ -70,9 +70,9 @@ def test_every_script_uses_the_harness_and_speaks_only_of_the_repository(script)
 
 
 def test_the_kept_scripts(harness):
-    assert SCRIPTS == ["bpe_dropout", "casing", "decode_compare", "gpu_check", "linear_backends", "movie_reviews",
-                       "multi30k_select", "prepare", "scaling", "serve_load", "train_memory", "train_speed",
-                       "utf8_check"]  # fmt: skip
+    assert SCRIPTS == ["bpe_dropout", "casing", "decode_compare", "gpu_check", "kv_cache", "linear_backends",
+                       "movie_reviews", "multi30k_select", "prepare", "scaling", "serve_load", "train_memory",
+                       "train_speed", "utf8_check"]  # fmt: skip
 
 
 def test_movie_reviews_reads_a_classifier_runs_best_accuracy_and_minutes(harness, tmp_path):
