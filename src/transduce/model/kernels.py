@@ -26,6 +26,9 @@ For bf16 inference (``csrc/amx.cpp``, built only for CPUs with AMX-BF16):
   tiles, the float32 sums written with the bias, ReLU and residual (:func:`transduce.model.bf16.project`);
   ``amx_bf16_pack`` puts the weight into the tiles' layout once; ``amx_available`` asks the operating system for the
   tiles' state.
+- ``amx_bf16_candidates``: a beam step's pre-softmax projection in the tiles and ``row_candidates``' reduction of
+  its logits in the same pass, 256 logits of a row at a time in the cache, the logits never written
+  (:func:`transduce.model.bf16.candidates_function`, ``search/candidates.py``).
 
 For training steps (float32 and bfloat16):
 
