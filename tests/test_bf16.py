@@ -30,19 +30,20 @@ AMX_INTEL = fastpaths.CpuFeatures(INTEL, "AVX512", True, True, True, True)  # Sa
 
 
 @pytest.mark.parametrize(
-    "cpu, kind, onednn_layers, transposed, int8_min_weights, precision",
-    [(AVX2_INTEL, "AVX2", False, False, 1 << 16, "fp32"),
-     (AVX2_AMD, "AVX2", False, False, 1 << 16, "fp32"),
-     (AVX512_INTEL, "AVX512", False, True, 0, "fp32"),
-     (BF16_AMD, "AVX512-BF16", True, False, 0, "fp32"),
-     (AMX_INTEL, "AMX", False, True, 0, "bf16")],
+    "cpu, kind, onednn_layers, transposed, int8_min_weights, precision, by_position",
+    [(AVX2_INTEL, "AVX2", False, False, 1 << 16, "fp32", 400),
+     (AVX2_AMD, "AVX2", False, False, 1 << 16, "fp32", 400),
+     (AVX512_INTEL, "AVX512", False, True, 0, "fp32", 100),
+     (BF16_AMD, "AVX512-BF16", True, False, 0, "fp32", 400),
+     (AMX_INTEL, "AMX", False, True, 0, "bf16", 100)],
 )  # fmt: skip
 def test_the_cpu_kind_drives_the_fast_paths_and_the_decoding_precision(
-    monkeypatch, cpu, kind, onednn_layers, transposed, int8_min_weights, precision
+    monkeypatch, cpu, kind, onednn_layers, transposed, int8_min_weights, precision, by_position
 ):  # (and transduce's AMX kernel for bf16 products only where the CPU has AMX-BF16)
     """oneDNN for every fp32 layer only on AMD with AVX-512 (MKL stops at AVX2 there); transposed weight copies
     (MKL's plain product) instead of oneDNN's packed output layer on Intel with AVX-512; int8 for every layer where
-    there is VNNI; bf16 decoding under ``auto`` only with AMX (and oneDNN)."""
+    there is VNNI; bf16 decoding under ``auto`` only with AMX (and oneDNN); the self-attention cache stored by
+    position from 100 source tokens on Intel with AVX-512, from 400 elsewhere."""
     monkeypatch.setattr(fastpaths, "cpu_features", lambda: cpu)
     assert cpu.kind == kind
     paths = fastpaths.FastPaths()
@@ -50,6 +51,7 @@ def test_the_cpu_kind_drives_the_fast_paths_and_the_decoding_precision(
     assert paths.transposed_weights is transposed
     assert paths.onednn is (not transposed and fastpaths.onednn_available())
     assert paths.int8_min_weights == int8_min_weights
+    assert paths.by_position_min_source == by_position == fastpaths.by_position_threshold(cpu)
     assert paths.bf16_amx is (kind == "AMX")
     assert fastpaths.decode_precision()[0] == (precision if fastpaths.onednn_available() else "fp32")
     assert fastpaths.decode_precision(cpu) == fastpaths.decode_precision()

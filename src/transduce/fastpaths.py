@@ -70,8 +70,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
 
 The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
 ``onednn_layers`` (:func:`onednn_beats_mkl`), ``onednn`` and ``transposed_weights`` (:func:`transposed_beats_packed`),
-``int8_min_weights``, ``int8_amx``, ``bf16_amx`` and the precision ``auto`` decodes
-in (:func:`decode_precision`).
+``by_position_min_source`` (:func:`by_position_threshold`), ``int8_min_weights``, ``int8_amx``, ``bf16_amx`` and the
+precision ``auto`` decodes in (:func:`decode_precision`).
 
 Why each default is what it is (the measurements): ``docs/benchmarks.md``; the code next to each path says it
 briefly. Only ``kernels`` has an environment variable: the others are for tests, benchmarks and users who know
@@ -91,8 +91,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "CpuFeatures", "FastPaths", "cpu_features", "cpu_vendor", "decode_precision", "onednn_available",
-    "onednn_beats_mkl", "override", "settings", "transposed_beats_packed", "vnni_available",
+    "CpuFeatures", "FastPaths", "by_position_threshold", "cpu_features", "cpu_vendor", "decode_precision",
+    "onednn_available", "onednn_beats_mkl", "override", "settings", "transposed_beats_packed", "vnni_available",
 ]  # fmt: skip
 
 
@@ -183,6 +183,17 @@ def transposed_beats_packed(cpu: CpuFeatures | None = None) -> bool:
     return cpu.capability == "AVX512" and cpu.vendor == "GenuineIntel"
 
 
+def by_position_threshold(cpu: CpuFeatures | None = None) -> int:
+    """The default of ``by_position_min_source`` on ``cpu`` (default: this one): the source length from which the
+    decoding step's self-attention cache is stored by position rather than copied into row order at every step.
+    ``benchmarks/kv_cache.py`` (beam 4, ``small``, one thread) measured the crossover between 50 and 100 tokens on a
+    Xeon with AMX (by position 0.91x at 50, 1.14x at 100, 1.57x at 400 in float32; 1.18-2.42x from 50 with bf16
+    products), so 100 on Intel with AVX-512; near 400 on an AMD Zen 5 (0.92-1.00x up to 400, 1.70x at 800), so 400
+    elsewhere (AVX2-only CPUs unmeasured). docs/benchmarks.md has the tables."""
+    cpu = cpu_features() if cpu is None else cpu
+    return 100 if cpu.capability == "AVX512" and cpu.vendor == "GenuineIntel" else 400
+
+
 def decode_precision(cpu: CpuFeatures | None = None) -> tuple[str, str]:
     """The precision ``auto`` decodes in on ``cpu`` (default: this one), and why: ``bf16`` (bf16 weights and
     products, the rest float32; :mod:`transduce.model.bf16`) where the CPU has AMX-BF16, else ``fp32``.
@@ -217,8 +228,8 @@ class FastPaths:
     # about 256 keys)
     attention_kernel_max_keys: int = 128
     # the step's self-attention cache stored by position for padded sources of at least this many tokens (below,
-    # copying it into row order inside the attention kernel costs no more; at 800 tokens by position is 1.7x faster)
-    by_position_min_source: int = 400
+    # copying it into row order inside the attention kernel costs no more): 100 on Intel with AVX-512, else 400
+    by_position_min_source: int = field(default_factory=by_position_threshold)
     # attention that autograd differentiates on the CPU as explicit products (model/layers.py) for at most this many
     # keys (SDPA's flash kernel above; the explicit products keep the (B, h, T, S) weights for the backward pass)
     explicit_attention_max_keys: int = 512

@@ -180,8 +180,8 @@ def decode_step(
     # the activations are bf16 (or float16), which the kernels do not take. With the kernels and a long source the
     # self-attention cache is stored by position (DecoderCache.table): written in place, never gathered. Below
     # fastpaths.settings.by_position_min_source tokens, copying the cache into row order inside the attention
-    # kernel costs no more (beam 4, `small`, one thread, AVX-512: by position 0.92-1.00x at 25-400 tokens, 1.70x
-    # at 800).
+    # kernel costs no more (beam 4, `small`, one thread: by position 0.92-1.00x up to 400 tokens and 1.70x at 800 on
+    # an AMD Zen 5, 0.91x at 50 and 1.14x at 100 on an Intel Xeon with AMX: fastpaths.by_position_threshold).
     kernel = kernels.compiled() if kernels.applies(embedding) and not torch.is_autocast_enabled("cpu") else None
     min_source = fastpaths.settings.by_position_min_source
     by_table = kernel is not None and (
