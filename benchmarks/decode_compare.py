@@ -22,9 +22,10 @@ products for every layer, whatever its size), ``ours-bf16-onednn-early`` (bf16 p
 transduce's AMX kernel: the layers of at least ``bf16_min_weights`` weights), ``ours-copied-early`` and
 ``ours-by-position-early`` (the step's self-attention cache copied into row order at every step, or stored by
 position, whatever the source's length; ``ours-bf16-copied-early``, ``ours-bf16-by-position-early`` the same in
-bf16), ``ours-bf16-unfused-early`` (bf16 with the logits written, then the candidates taken from them: not the
-AMX kernel's one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel alone, not in the AMX tiles
-where the CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with CTranslate2's stopping rule.
+bf16), ``ours-bf16-unfused-early`` and ``ours-int8-unfused-early`` (the logits written, then the candidates
+taken from them: not the AMX kernels' one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel
+alone, not in the AMX tiles where the CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with
+CTranslate2's stopping rule.
 
 Stopping rules: CTranslate2 (patience 1) stops a sentence once it has ``beam`` finished hypotheses; transduce by
 default stops only when no live hypothesis can beat them (more steps), and with ``early_stopping`` as CTranslate2
@@ -223,6 +224,7 @@ def main() -> None:
     packed = {"onednn": fastpaths.onednn_available()}  # oneDNN's packed output layer, transposed copies elsewhere
     copied = {"by_position_min_source": 1 << 30}  # the self-attention cache copied into row order at every step
     by_position = {"by_position_min_source": 0}  # ... or stored by position, whatever the source's length
+    unfused = {"fused_candidates": False}  # the logits written, then the candidates taken from them
     for name, tr, label, early, paths in [
         ("ours", translator, "transduce fp32", False, None),
         ("ours-copied-early", translator, "transduce fp32, cache copied, early stopping", True, copied),
@@ -241,7 +243,7 @@ def main() -> None:
             bf16,
             "transduce bf16, logits written, early stopping",
             True,
-            {"bf16_fused_candidates": False},
+            unfused,
         ),
         (
             "ours-bf16-onednn-early",
@@ -260,6 +262,7 @@ def main() -> None:
         ("ours-bf16-cast", cast, "transduce, whole model cast to bf16", False, None),
         ("ours-int8", int8, "transduce int8", False, None),
         ("ours-int8-early", int8, "transduce int8, early stopping", True, None),
+        ("ours-int8-unfused-early", int8, "transduce int8, logits written, early stopping", True, unfused),
         ("ours-int8-vnni", int8, "transduce int8, VNNI kernel only", False, {"int8_amx": False}),
         ("ours-int8-vnni-early", int8, "transduce int8, VNNI kernel only, early stopping", True, {"int8_amx": False}),
     ]:

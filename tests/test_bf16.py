@@ -254,7 +254,7 @@ def test_beam_search_with_the_fused_candidates_finds_what_it_finds_from_written_
     with one_thread(), mock.patch.object(search_candidates.RowCandidates, "step", spy):
         for fused in (True, False):
             for decode in (DecodeConfig(beam=4, nbest=4, min_len=3), DecodeConfig(beam=4, max_len_a=0.5, max_len_b=2)):
-                with fastpaths.override(bf16_fused_candidates=fused):
+                with fastpaths.override(fused_candidates=fused):
                     results.append(generate(model, src, decode))
     assert any(used) and not all(used)  # the fused pass at most steps, the written logits at the limits
     for got, expected in zip(results[:2], results[2:]):

@@ -375,3 +375,59 @@ def test_an_int8_sentence_translates_the_same_alone_or_in_a_batch(copy_checkpoin
         alone = [tr.translate_nbest([s], nbest=1)[0] for s in sentences]
     assert [b[0].text for b in batched] == [a[0].text for a in alone]
     torch.testing.assert_close([b[0].score for b in batched], [a[0].score for a in alone], rtol=1e-4, atol=1e-6)
+
+
+@needs_amx_int8
+@pytest.mark.parametrize("rows, inputs, outputs, k", [(1, 64, 3, 3), (17, 128, 1001, 8), (130, 128, 8000, 8),
+                                                      (40, 192, 520, 520)])  # fmt: skip
+def test_the_int8_fused_candidates_are_row_candidates_of_the_amx_products_logits(rows, inputs, outputs, k):
+    """int8_amx_candidates gives what row_candidates gives for int8_amx_linear's logits: the same values and ids,
+    the normalisers up to the order of summation; the excluded ids (at the edges of its 256-output chunks too) are
+    left out of the top k."""
+    k8 = kernels.compiled()
+    _, q = _quantised_linear(inputs, outputs, seed=outputs)
+    pw = quantize._packed_int8(q)
+    x = torch.randn(rows, inputs) * 3
+    excluded = torch.tensor(sorted(i for i in {0, 2, 255, 256, 511, outputs - 1} if i < outputs))
+    for bias in (pw.bias, None):
+        logits = k8.int8_amx_linear(x, pw.weight, pw.scales, pw.sums, bias, None, False, outputs)
+        normalisers, values, indices = k8.int8_amx_candidates(
+            x, pw.weight, pw.scales, pw.sums, bias, outputs, k, excluded
+        )
+        expected = kernels.row_candidates(logits.clone(), k, excluded)
+        assert torch.equal(values, expected[1]) and torch.equal(indices, expected[2])
+        torch.testing.assert_close(normalisers, torch.logsumexp(logits, dim=1), atol=1e-5, rtol=1e-6)
+    with pytest.raises(RuntimeError, match=rf"int8_amx_candidates: need 1 <= k <= outputs, got k={outputs + 1}, "):
+        k8.int8_amx_candidates(x, pw.weight, pw.scales, pw.sums, None, outputs, outputs + 1, excluded[:0])
+    with pytest.raises(RuntimeError, match=rf"int8_amx_candidates: excluded id {outputs} is out of range"):
+        k8.int8_amx_candidates(x, pw.weight, pw.scales, pw.sums, None, outputs, 1, torch.tensor([outputs]))
+
+
+@needs_amx_int8
+def test_an_int8_beam_search_finds_with_the_fused_candidates_what_it_finds_from_written_logits():
+    """A quantised `tiny`-shaped model (its layers' inputs whole AMX tiles): the search that reduces the logits as
+    the AMX product makes them gives the n-best lists of the search that writes them, the scores up to the
+    normalisers' order of summation; with a minimum length and output limits that the sentences reach (the steps
+    at the limit take the written logits)."""
+    from transduce import ModelConfig, Transformer
+    from transduce.config import DecodeConfig
+    from transduce.search import candidates as search_candidates
+    from transduce.search import generate
+
+    torch.manual_seed(3)
+    model = quantize_int8(Transformer(ModelConfig.preset("tiny", src_vocab_size=300, tgt_vocab_size=300)).eval())
+    with torch.inference_mode():  # (as a search runs)
+        assert search_candidates._fused_output(model) is not None
+    src = torch.randint(4, 300, (6, 9))
+    src[:, -1] = model.config.eos_id
+    results = []
+    with one_thread():
+        for fused in (True, False):
+            for decode in (DecodeConfig(beam=4, nbest=4, min_len=3, max_len_b=12), DecodeConfig(beam=4, max_len_b=4)):
+                with fastpaths.override(fused_candidates=fused):
+                    results.append(generate(model, src, decode))
+    for got, expected in zip(results[:2], results[2:], strict=True):
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+        assert [h.score for hyps in got for h in hyps] == pytest.approx(
+            [h.score for hyps in expected for h in hyps], abs=1e-4
+        )

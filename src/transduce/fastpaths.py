@@ -50,10 +50,11 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   AMX kernel (``model/csrc/amx.cpp``: rows rounded to bf16, the weight packed once into the tiles' layout, bias, ReLU
   and residual in the same pass), every layer whatever its size; on where the CPU has AMX-BF16 (and the kernels
   were built for it). Fallback: ``bf16_onednn``, else ``F.linear`` on bf16 tensors.
-- ``bf16_fused_candidates``: with ``bf16_amx``, a beam search's pre-softmax projection and the step's candidates
-  (each row's logsumexp and best logits) in one pass (``amx_bf16_candidates`` in ``model/csrc/amx.cpp``,
-  ``search/candidates.py``: ``RowCandidates.step``), the logits never written, where the rows are masked alike
-  and there is no constraint. Fallback: the logits written by the AMX kernel, then ``row_candidates``.
+- ``fused_candidates``: with ``bf16_amx`` or ``int8_amx``, a beam search's bf16 or int8 pre-softmax projection
+  and the step's candidates (each row's logsumexp and best logits) in one pass (``amx_bf16_candidates`` in
+  ``model/csrc/amx.cpp``, ``int8_amx_candidates`` in ``model/csrc/int8.cpp``; ``search/candidates.py``:
+  ``RowCandidates.step``), the logits never written, where the rows are masked alike and there is no constraint.
+  Fallback: the logits written by the AMX kernel, then ``row_candidates``.
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
@@ -253,10 +254,10 @@ class FastPaths:
     # bf16 linear layers (model/bf16.py) through transduce's AMX kernel (model/csrc/amx.cpp) where the CPU has AMX-BF16:
     # 2-12x MKL's float32 product and 1.4-15x oneDNN's bf16 one on the presets' decoding shapes (docs/benchmarks.md)
     bf16_amx: bool = field(default_factory=lambda: cpu_features().amx_bf16)
-    # a beam search's bf16 pre-softmax projection through the AMX kernel and the candidates taken from its logits in
-    # the same pass (amx_bf16_candidates; search/candidates.py), the logits never written
-    bf16_fused_candidates: bool = True
-    # ... else through oneDNN with packed weights; False: F.linear on bf16 tensors
+    # a beam search's bf16 or int8 pre-softmax projection in the AMX tiles and the candidates taken from its logits
+    # in the same pass (amx_bf16_candidates, int8_amx_candidates; search/candidates.py), the logits never written
+    fused_candidates: bool = True
+    # bf16 layers without the AMX kernel: through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)
     # without the AMX kernel, bf16_products leaves linear layers with fewer weights in float32: oneDNN's fixed cost of
     # 40-50 us a call loses to MKL's float32 product there (a `tiny` model's 128 x 384 layer: 0.50-0.78x at 8-32 rows;

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from transduce import fastpaths
 from transduce.model import kernels
@@ -200,6 +201,28 @@ def int8_function(linear: nn.Module, relu: bool = False) -> Callable[..., Tensor
         return y if fused else y.add_(residual)  # (a residual that broadcasts, or of another dtype: as torch_op)
 
     return kernel
+
+
+def candidates_function(linear: nn.Module) -> Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor, Tensor]] | None:
+    """A quantised pre-softmax projection ``linear`` and a beam step's reduction of its logits in one pass through
+    the AMX tiles (``int8_amx_candidates`` in ``model/csrc/int8.cpp``), as
+    :func:`transduce.model.bf16.candidates_function` for bf16: a function of ``(x, k, excluded)``, float32 CPU rows
+    ``x`` (R, K), returning what :func:`transduce.model.kernels.row_candidates` returns for the layer's int8 logits
+    (``int8_amx_linear``'s), without writing them. None where that product does not apply (:func:`amx_applies`)."""
+    module = kernels.compiled() if fastpaths.settings.int8_kernel else None
+    if not hasattr(module, "int8_amx_candidates") or type(linear) is not DynamicLinear:
+        return None
+    packed = _packed_int8(linear) if linear._packed_params.dtype == torch.qint8 else None
+    if packed is None or not amx_applies(module, packed):
+        return None
+    weight, scales, sums, bias, outputs = packed.weight, packed.scales, packed.sums, packed.bias, packed.outputs
+
+    def call(x: Tensor, k: int, excluded: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        normalisers, values, tokens = module.int8_amx_candidates(x, weight, scales, sums, bias, outputs, k, excluded)
+        return normalisers, values, tokens
+
+    return call
 
 
 def int8_project(linear: nn.Module, x: Tensor, relu: bool = False, residual: Tensor | None = None) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from transduce import fastpaths
-from transduce.model import bf16, kernels
+from transduce.model import bf16, kernels, quantize
 from transduce.model.step import decode_step
 from transduce.search.common import (
     NEG_INF,
@@ -94,8 +94,8 @@ class RowCandidates:
     alike (:func:`masks_rows_alike`). The masked ids are made once per search.
 
     With ``model`` (a beam search's, when nothing else masks its tokens): where the model's pre-softmax projection
-    has bf16 products through the AMX kernel, :meth:`step` makes the decoding step's logits and reduces them in one
-    kernel (:func:`transduce.model.bf16.candidates_function`) without writing them."""
+    has bf16 or int8 products in the AMX tiles, :meth:`step` makes the decoding step's logits and reduces them in one
+    kernel (:func:`_fused_output`) without writing them."""
 
     def __init__(self, config: Any, min_len: int, device: torch.device, model: Any = None):
         self.min_len = min_len
@@ -124,18 +124,23 @@ class RowCandidates:
 
 
 def _fused_output(model: Any) -> Any:
-    """:func:`transduce.model.bf16.candidates_function` of ``model``'s pre-softmax projection where a search's steps
-    can use it: a :class:`~transduce.model.Transformer` in inference (not an ensemble) decoding through the step
-    function and the kernels (float32 on the CPU, no autocast) whose projection has bf16 products; else None."""
+    """The pre-softmax projection of ``model`` with the reduction of its logits to a step's candidates in the AMX
+    tiles, the logits never written, where a search's steps can use it (``fastpaths.settings.fused_candidates``): a
+    :class:`~transduce.model.Transformer` in inference (not an ensemble) decoding through the step function and the
+    kernels (float32 on the CPU, no autocast) whose projection has bf16 products
+    (:func:`transduce.model.bf16.candidates_function`) or int8 ones (:func:`transduce.model.quantize.
+    candidates_function`) in the AMX kernels; else None."""
     output = getattr(model, "output", None)
-    if type(output) is not bf16.BF16Linear or not hasattr(model, "decoder_layers") or model.training:
-        return None
     paths = fastpaths.settings
-    if not (paths.bf16_fused_candidates and paths.step_function and kernels.applies(model.tgt_embed.weight)):
+    if not (paths.fused_candidates and paths.step_function and hasattr(model, "decoder_layers")) or model.training:
         return None
-    if model.tgt_embed.weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or torch.is_grad_enabled():
+    if not kernels.applies(model.tgt_embed.weight) or model.tgt_embed.weight.dtype != torch.float32:
         return None
-    return bf16.candidates_function(output)
+    if torch.is_autocast_enabled("cpu") or torch.is_grad_enabled():
+        return None
+    if type(output) is bf16.BF16Linear:
+        return bf16.candidates_function(output)
+    return quantize.candidates_function(output)
 
 
 _CHUNKS = (64, 32, 16)  # chunk sizes tried by _chunked_topk, largest first

@@ -27,8 +27,8 @@
 #include <vector>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
-#include "amx_tiles.h"
 #include "vecmath.h"
+#include "amx_tiles.h"
 #define TRANSDUCE_AMX 1
 #endif
 
@@ -249,72 +249,31 @@ torch::Tensor amx_bf16_linear(const torch::Tensor& x, const torch::Tensor& weigh
 // Why: for a small model the logits are most of a step's memory traffic (128 rows x 8,000 pieces: 4 MB written by
 // the product, read again by row_candidates). Here each row pair's 256 logits of a chunk go through a 32 KB buffer
 // in L1: their max and sum of exponentials update the row's running logsumexp (rescaled when the max grows), and
-// the values above the row's k-th best so far enter its top k (vecmath.h's RowTopK, fed in the order of the ids).
-// The threads take row pairs (each row's state stays with one thread), the chunks of outputs in order within them.
+// the values above the row's k-th best so far enter its top k (vecmath.h's RowCandidates, fed in the order of the
+// ids; amx_tiles.h's candidates_pass, shared with int8.cpp's int8_amx_candidates).
 std::vector<torch::Tensor> amx_bf16_candidates(const torch::Tensor& x, const torch::Tensor& weight,
                                                const c10::optional<torch::Tensor>& bias, int64_t N, int64_t k,
                                                const torch::Tensor& excluded) {
   const char* fn = "amx_bf16_candidates";
   Inputs in = prepare(fn, x, weight, bias, N);
   TORCH_CHECK(k >= 1 && k <= N, fn, ": need 1 <= k <= outputs, got k=", k, ", outputs=", N);
-  TORCH_CHECK(excluded.dim() == 1 && excluded.scalar_type() == at::kLong && excluded.device().is_cpu(), fn,
-              ": excluded must be a 1-D int64 CPU tensor");
-  auto ids = excluded.contiguous();
-  std::vector<int64_t> skip(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.size(0));
-  for (const int64_t e : skip) TORCH_CHECK(e >= 0 && e < N, fn, ": excluded id ", e, " is out of range for ", N);
-  std::sort(skip.begin(), skip.end());
-  const int64_t M = in.M, Mp = in.Mp, nb = in.nb;
+  const std::vector<int64_t> skip = transduce_amx::excluded_ids(fn, excluded, N);
+  const int64_t M = in.M;
   auto normalisers = torch::empty({M}, x.options());
   auto values = torch::empty({M, k}, x.options());
   auto indices = torch::empty({M, k}, x.options().dtype(at::kLong));
   if (M == 0) return {normalisers, values, indices};
-  float* nd = normalisers.data_ptr<float>();
-  float* vd = values.data_ptr<float>();
-  int64_t* id = indices.data_ptr<int64_t>();
-  const int64_t col_blocks = (nb + 1) / 2, row_blocks = (Mp / kTileRows + 1) / 2, width = kChunk * 2 * kTileCols;
-  at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
-    configure_tiles();
-    const int64_t rows = std::min(M, end * 2 * kTileRows) - begin * 2 * kTileRows;
-    std::vector<float> buffer(static_cast<size_t>(2 * kTileRows * width));
-    std::vector<float> top(rows, kNegInf), sum(rows, 0.0f), odd(rows, 0.0f);  // odd: a NaN or +inf max seen
-    std::vector<RowTopK> best;
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t m = begin * 2 * kTileRows + i;
-      best.push_back(RowTopK{vd + m * k, id + m * k, k});
-    }
-    Product p{in.xb.data(), in.w, in.bias, nullptr, buffer.data(), M, N, in.Kp, 0, false, width};
-    for (int64_t c0 = 0; c0 < col_blocks; c0 += kChunk) {
-      const int64_t n_start = c0 * 2 * kTileCols, count = std::min(width, N - n_start);
-      const auto skip_begin = std::lower_bound(skip.begin(), skip.end(), n_start);
-      const auto skip_end = std::lower_bound(skip_begin, skip.end(), n_start + count);
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t m0 = r * 2 * kTileRows;
-        p.y_m0 = m0;
-        p.y_n0 = n_start;
-        for (int64_t c = c0; c < std::min(col_blocks, c0 + kChunk); ++c) any_block(p, m0, c * 2 * kTileCols, Mp, nb);
-        for (int64_t m = m0; m < std::min(M, m0 + 2 * kTileRows); ++m) {
-          float* row = buffer.data() + (m - m0) * width;
-          const int64_t i = m - begin * 2 * kTileRows;
-          const float chunk_max = max_of(row, count);
-          if (chunk_max != chunk_max || chunk_max == -kNegInf) {
-            odd[i] = odd[i] != odd[i] ? odd[i] : chunk_max;  // NaN stays NaN, else +inf
-          } else if (chunk_max != kNegInf) {
-            const float new_top = std::max(top[i], chunk_max);
-            const float kept = top[i] == kNegInf ? 0.0f : sum[i] * std::exp(top[i] - new_top);
-            sum[i] = kept + sum_exp(row, new_top, count, nullptr);
-            top[i] = new_top;
-          }
-          for (auto e = skip_begin; e != skip_end; ++e) row[*e - n_start] = kNegInf;
-          best[i].scan(row, count, n_start);
-        }
-      }
-    }
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t m = begin * 2 * kTileRows + i;
-      nd[m] = odd[i] != 0.0f ? odd[i] : top[i] == kNegInf ? kNegInf : top[i] + std::log(sum[i]);
-    }
-    _tile_release();
-  });
+  const Product p{in.xb.data(), in.w, in.bias, nullptr, nullptr, M, N, in.Kp, 0, false, 0};
+  transduce_amx::candidates_pass(
+      M, in.Mp, N, (in.nb + 1) / 2, k, skip, normalisers.data_ptr<float>(), values.data_ptr<float>(),
+      indices.data_ptr<int64_t>(), [&](float* buffer, int64_t width, int64_t m0, int64_t n_start, int64_t c) {
+        Product block_p = p;
+        block_p.y = buffer;
+        block_p.y_row = width;
+        block_p.y_m0 = m0;
+        block_p.y_n0 = n_start;
+        any_block(block_p, m0, c * 2 * kTileCols, in.Mp, in.nb);
+      });
   return {normalisers, values, indices};
 }
 

@@ -36,6 +36,7 @@
 #include <immintrin.h>
 #define TRANSDUCE_VNNI 1
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include "vecmath.h"
 #include "amx_tiles.h"
 #endif
 #endif
@@ -112,9 +113,10 @@ struct Product {
   const int32_t* wsum;  // (Nv * 16,) sum_k wq[n, k]
   const float* bias;  // (N,) or nullptr
   const float* res;   // residual rows or nullptr
-  float* y;
+  float* y;           // output rows: row m, output n at y[(m - y_m0) * y_row + n - y_n0]
   int64_t Kq, Kp, N, y_row, res_row;
   bool relu;
+  int64_t y_m0 = 0, y_n0 = 0;
 };
 
 // One vector of 16 outputs n0 .. n0 + 16 (fewer at the end) and what the formula reads of the weight for them.
@@ -138,7 +140,7 @@ struct OutputVector {
     __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(p.xs[m]), ws), b);
     if (p.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
     if (p.res != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.res + m * p.res_row + n0));
-    _mm512_mask_storeu_ps(p.y + m * p.y_row + n0, mask, v);
+    _mm512_mask_storeu_ps(p.y + (m - p.y_m0) * p.y_row + n0 - p.y_n0, mask, v);
   }
 };
 
@@ -340,6 +342,15 @@ void amx_block(const Product& p, int64_t M, int64_t m0, int64_t j0) {
   }
 }
 
+// The block of rows m0 .. m0 + 32 and output vectors j0, j0 + 1, or fewer at the edges (Mp rows, Nv vectors).
+inline void any_amx_block(const Product& p, int64_t M, int64_t Mp, int64_t Nv, int64_t m0, int64_t j0) {
+  const bool two_rows = m0 + 16 < Mp, two_cols = j0 + 1 < Nv;
+  if (two_rows && two_cols) amx_block<2, 2>(p, M, m0, j0);
+  else if (two_rows) amx_block<2, 1>(p, M, m0, j0);
+  else if (two_cols) amx_block<1, 2>(p, M, m0, j0);
+  else amx_block<1, 1>(p, M, m0, j0);
+}
+
 }  // namespace
 
 // int8_linear's arguments and result; the weight's Kq a multiple of 16.
@@ -367,22 +378,49 @@ torch::Tensor int8_amx_linear(const torch::Tensor& x, const torch::Tensor& weigh
     transduce_amx::configure_tiles();
     for (int64_t h = begin; h < end; ++h) {
       const int64_t c_end = std::min(col_blocks, (h + 1) * chunk);
-      for (int64_t r = 0; r < row_blocks; ++r) {
-        const int64_t m0 = 32 * r;
-        const bool two_rows = m0 + 16 < Mp;
-        for (int64_t c = h * chunk; c < c_end; ++c) {
-          const int64_t j0 = 2 * c;
-          const bool two_cols = j0 + 1 < Nv;
-          if (two_rows && two_cols) amx_block<2, 2>(p, M, m0, j0);
-          else if (two_rows) amx_block<2, 1>(p, M, m0, j0);
-          else if (two_cols) amx_block<1, 2>(p, M, m0, j0);
-          else amx_block<1, 1>(p, M, m0, j0);
-        }
-      }
+      for (int64_t r = 0; r < row_blocks; ++r)
+        for (int64_t c = h * chunk; c < c_end; ++c) any_amx_block(p, M, Mp, Nv, 32 * r, 2 * c);
     }
     _tile_release();
   });
   return y;
+}
+
+// int8_amx_linear's logits reduced to a beam step's candidates as they are made, as amx.cpp's amx_bf16_candidates
+// does for bf16 (amx_tiles.h's candidates_pass): each row's logsumexp, then its k largest logits with the ids in
+// excluded left out, and their ids; the logits never written. The same values and ids as decoding.cpp's
+// row_candidates on int8_amx_linear's output, the normaliser up to the order of summation.
+std::vector<torch::Tensor> int8_amx_candidates(const torch::Tensor& x, const torch::Tensor& weight,
+                                               const torch::Tensor& scales, const torch::Tensor& sums,
+                                               const c10::optional<torch::Tensor>& bias, int64_t N, int64_t k,
+                                               const torch::Tensor& excluded) {
+  const char* fn = "int8_amx_candidates";
+  check_product(fn, x, weight, scales, sums, N);
+  const int64_t M = x.size(0), Nv = weight.size(0), Kq = weight.size(1), Kp = 4 * Kq;
+  TORCH_CHECK(Kq % 16 == 0, fn, ": the weight's inputs must be a multiple of 64, got ", Kp);
+  TORCH_CHECK(transduce_amx::request_tiles(), fn, ": the operating system refused the AMX tile state");
+  TORCH_CHECK(k >= 1 && k <= N, fn, ": need 1 <= k <= outputs, got k=", k, ", outputs=", N);
+  const float* bd = bias_data(fn, bias, N);
+  const std::vector<int64_t> skip = transduce_amx::excluded_ids(fn, excluded, N);
+  auto normalisers = torch::empty({M}, x.options());
+  auto values = torch::empty({M, k}, x.options());
+  auto indices = torch::empty({M, k}, x.options().dtype(at::kLong));
+  if (M == 0) return {normalisers, values, indices};
+  const int64_t Mp = (M + 15) / 16 * 16;
+  const QuantisedRows rows = quantise_rows(x, Kp, Mp);
+  const Product p{rows.q.data(), rows.scale.data(), rows.zero.data(), weight.data_ptr<int8_t>(),
+                  scales.data_ptr<float>(), sums.data_ptr<int32_t>(), bd, nullptr, nullptr, Kq, Kp, N, 0, 0, false};
+  transduce_amx::candidates_pass(
+      M, Mp, N, (Nv + 1) / 2, k, skip, normalisers.data_ptr<float>(), values.data_ptr<float>(),
+      indices.data_ptr<int64_t>(), [&](float* buffer, int64_t width, int64_t m0, int64_t n_start, int64_t c) {
+        Product block_p = p;
+        block_p.y = buffer;
+        block_p.y_row = width;
+        block_p.y_m0 = m0;
+        block_p.y_n0 = n_start;
+        any_amx_block(block_p, M, Mp, Nv, m0, 2 * c);
+      });
+  return {normalisers, values, indices};
 }
 #endif
 
@@ -397,6 +435,10 @@ void register_int8(pybind11::module_& m) {
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("sums"),
         pybind11::arg("bias"), pybind11::arg("residual"), pybind11::arg("relu"), pybind11::arg("outputs"),
         release());
+  m.def("int8_amx_candidates", &int8_amx_candidates,
+        "int8_amx_linear's logits, each row's logsumexp and top k (excluded ids left out), without writing them",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("sums"),
+        pybind11::arg("bias"), pybind11::arg("outputs"), pybind11::arg("k"), pybind11::arg("excluded"), release());
 #endif
 }
 #else

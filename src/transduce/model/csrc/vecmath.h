@@ -226,4 +226,32 @@ struct RowTopK {
   }
 };
 
+// One row's logits fed a chunk at a time, in the order of their ids (AMX products that reduce their logits as they
+// make them: amx.cpp, int8.cpp): the row's logsumexp over every value, kept as a running maximum and a sum of
+// exponentials rescaled when the maximum grows, and its k largest values with the excluded ids left out (RowTopK).
+// What decoding.cpp's row_candidates gives for the whole row, the logsumexp up to the order of summation.
+struct RowCandidates {
+  RowTopK best;
+  float top = kNegInf, sum = 0.0f;
+  float odd = 0.0f;  // a NaN or +inf maximum met (the logsumexp is then that, as torch.logsumexp's)
+
+  // x[0 .. count): the values of ids offset .. offset + count; skip_begin .. skip_end: the excluded ids among them,
+  // written -inf in x before the top k takes its values.
+  void feed(float* x, int64_t count, int64_t offset, const int64_t* skip_begin, const int64_t* skip_end) {
+    const float chunk_max = max_of(x, count);
+    if (chunk_max != chunk_max || chunk_max == -kNegInf) {
+      odd = odd != odd ? odd : chunk_max;  // NaN stays NaN
+    } else if (chunk_max != kNegInf) {
+      const float new_top = std::max(top, chunk_max);
+      const float kept = top == kNegInf ? 0.0f : sum * std::exp(top - new_top);
+      sum = kept + sum_exp(x, new_top, count, nullptr);
+      top = new_top;
+    }
+    for (const int64_t* e = skip_begin; e != skip_end; ++e) x[*e - offset] = kNegInf;
+    best.scan(x, count, offset);
+  }
+
+  float normaliser() const { return odd != 0.0f ? odd : top == kNegInf ? kNegInf : top + std::log(sum); }
+};
+
 }  // namespace
