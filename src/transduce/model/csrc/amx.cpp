@@ -267,12 +267,7 @@ std::vector<torch::Tensor> amx_bf16_candidates(const torch::Tensor& x, const tor
   transduce_amx::candidates_pass(
       M, in.Mp, N, (in.nb + 1) / 2, k, skip, normalisers.data_ptr<float>(), values.data_ptr<float>(),
       indices.data_ptr<int64_t>(), [&](float* buffer, int64_t width, int64_t m0, int64_t n_start, int64_t c) {
-        Product block_p = p;
-        block_p.y = buffer;
-        block_p.y_row = width;
-        block_p.y_m0 = m0;
-        block_p.y_n0 = n_start;
-        any_block(block_p, m0, c * 2 * kTileCols, in.Mp, in.nb);
+        any_block(transduce_amx::into_buffer(p, buffer, width, m0, n_start), m0, c * 2 * kTileCols, in.Mp, in.nb);
       });
   return {normalisers, values, indices};
 }

@@ -54,6 +54,17 @@ inline std::vector<int64_t> excluded_ids(const char* fn, const torch::Tensor& ex
   return skip;
 }
 
+// A product p (amx.cpp's or int8.cpp's Product) writing its output into a candidates pass's buffer: rows from m0 and
+// outputs from n_start, width floats a row.
+template <typename Product>
+Product into_buffer(Product p, float* buffer, int64_t width, int64_t m0, int64_t n_start) {
+  p.y = buffer;
+  p.y_row = width;
+  p.y_m0 = m0;
+  p.y_n0 = n_start;
+  return p;
+}
+
 // The pass both AMX products' candidates functions make (amx.cpp's bf16, int8.cpp's int8): the threads take pairs
 // of 16-row blocks (each row's RowCandidates stays with one thread); for each chunk of 8 pairs of output tiles (256
 // outputs, in the order of the ids), pair(buffer, width, m0, n_start, c) writes the logits of rows m0 .. m0 + 32 and

@@ -413,12 +413,7 @@ std::vector<torch::Tensor> int8_amx_candidates(const torch::Tensor& x, const tor
   transduce_amx::candidates_pass(
       M, Mp, N, (Nv + 1) / 2, k, skip, normalisers.data_ptr<float>(), values.data_ptr<float>(),
       indices.data_ptr<int64_t>(), [&](float* buffer, int64_t width, int64_t m0, int64_t n_start, int64_t c) {
-        Product block_p = p;
-        block_p.y = buffer;
-        block_p.y_row = width;
-        block_p.y_m0 = m0;
-        block_p.y_n0 = n_start;
-        any_amx_block(block_p, M, Mp, Nv, m0, 2 * c);
+        any_amx_block(transduce_amx::into_buffer(p, buffer, width, m0, n_start), M, Mp, Nv, m0, 2 * c);
       });
   return {normalisers, values, indices};
 }
