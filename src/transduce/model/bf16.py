@@ -163,9 +163,8 @@ def bf16_function(linear: BF16Linear, relu: bool = False) -> Callable[..., Tenso
     weight, bias, outputs = *linear.tiled_weight(amx), linear.out_features
 
     def call_amx(x: Tensor, residual: Tensor | None = None) -> Tensor:
-        if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or torch.is_grad_enabled():
-            return project(linear, x, activation, residual)
-        if residual is not None and residual.dim() != 2:
+        rows = x.dtype == torch.float32 and x.dim() == 2 and x.device.type == "cpu" and not torch.is_grad_enabled()
+        if not rows or (residual is not None and residual.dim() != 2):
             return project(linear, x, activation, residual)
         x = x if x.stride(-1) == 1 else x.contiguous()
         residual = residual if residual is None or residual.stride(-1) == 1 else residual.contiguous()

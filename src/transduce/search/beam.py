@@ -159,7 +159,8 @@ def beam_search(
     tokens_in = bos[:n]
     row_limit = limit
     beam_offsets = torch.arange(2 * beam, device=device)
-    # (with a bf16 pre-softmax projection in the AMX tiles, the logits are reduced to the candidates as they are made)
+    # (with a bf16 or int8 pre-softmax projection in the AMX tiles, the logits are reduced to the candidates as they
+    # are made)
     one_pass = RowCandidates(cfg, min_len, device, model if use_cache and constraint is None else None)
 
     step = 0
