@@ -23,7 +23,8 @@ transduce's AMX kernel: the layers of at least ``bf16_min_weights`` weights), ``
 ``ours-by-position-early`` (the step's self-attention cache copied into row order at every step, or stored by
 position, whatever the source's length; ``ours-bf16-copied-early``, ``ours-bf16-by-position-early`` the same in
 bf16), ``ours-bf16-unfused-early`` and ``ours-int8-unfused-early`` (the logits written, then the candidates
-taken from them: not the AMX kernels' one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel
+taken from them: not the AMX kernels' one pass), ``ours-unfused-early`` (float32 logits in a new tensor at
+every step, not in the search's one buffer) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel
 alone, not in the AMX tiles where the CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with
 CTranslate2's stopping rule.
 
@@ -230,6 +231,7 @@ def main() -> None:
         ("ours-copied-early", translator, "transduce fp32, cache copied, early stopping", True, copied),
         ("ours-by-position-early", translator, "transduce fp32, cache by position, early stopping", True, by_position),
         ("ours-early", translator, "transduce fp32, early stopping", True, None),
+        ("ours-unfused-early", translator, "transduce fp32, new logits each step, early stopping", True, unfused),
         ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
         ("ours-linear-early", translator, "transduce fp32, F.linear, early stopping", True, linear_paths),
         ("ours-packed-output-early", translator, "transduce fp32, oneDNN output layer, early stopping", True, packed),

@@ -573,3 +573,69 @@ def test_searches_that_keep_overlapping_still_collect_garbage(monkeypatch, limit
     beam_search(model, src, beam=2)
     assert collected == ([False] if limit == 0.0 else [])  # collected during the pause (still off), or not at all
     assert gc.isenabled()
+
+
+@pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: no row_candidates kernel")
+def test_a_float32_beam_search_with_its_logits_in_one_buffer_finds_what_new_logits_find():
+    """A float32 beam search writes each step's logits into one buffer for the whole search and reduces them there
+    (packed.candidates_function, fused_candidates): the same n-best lists and scores as the search that makes a new
+    logits tensor at every step; with a minimum length and output limits that some sentences reach (those steps
+    take the written logits), and batches whose row counts grow and shrink."""
+    from unittest import mock
+
+    from transduce.model import packed
+    from transduce.search import candidates as search_candidates
+
+    if not kernels.applies(torch.zeros(1)):
+        pytest.skip("the kernels are not built here")
+    torch.manual_seed(5)
+    model = Transformer(ModelConfig.preset("test", src_vocab_size=300, tgt_vocab_size=300)).eval()
+    with torch.inference_mode():
+        assert search_candidates._fused_output(model) is not None
+        with fastpaths.override(onednn=True):  # oneDNN's product has no out=: the logits are made as before
+            assert packed.candidates_function(model.output) is None
+    calls = []
+    real = packed.candidates_function
+
+    def spy(linear):
+        function = real(linear)
+
+        def call(x, k, excluded):
+            calls.append(x.shape[0])
+            return function(x, k, excluded)
+
+        return call
+
+    src = torch.randint(4, 300, (9, 7))
+    src[:, -1] = model.config.eos_id
+    results = []
+    with one_thread(), mock.patch.object(packed, "candidates_function", spy):
+        for fused in (True, False):
+            for decode in (DecodeConfig(beam=4, nbest=4, min_len=3, max_len_b=12), DecodeConfig(beam=3, max_len_b=4)):
+                with fastpaths.override(fused_candidates=fused):
+                    results.append(generate(model, src, decode))
+    assert 9 in calls and 36 in calls  # the first step's one row a sentence, then four
+    for got, expected in zip(results[:2], results[2:], strict=True):
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+        assert [h.score for hyps in got for h in hyps] == [h.score for hyps in expected for h in hyps]
+
+
+def test_the_float32_candidates_function_gives_row_candidates_of_the_layers_logits_as_the_rows_change():
+    from transduce.model import packed
+
+    if not kernels.applies(torch.zeros(1)):
+        pytest.skip("the kernels are not built here")
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(16, 90).eval()
+    function = packed.candidates_function(linear)
+    excluded = torch.tensor([0, 89])
+    with torch.inference_mode():
+        for rows in (3, 12, 5):  # the buffer grows, then serves fewer rows
+            x = torch.randn(rows, 16)
+            logits = linear(x)
+            want = kernels.row_candidates(logits, 6, excluded)
+            got = function(x, 6, excluded)
+            torch.testing.assert_close(got[0], want[0])
+            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    linear.train()
+    assert packed.candidates_function(linear) is None  # training mode: the plain product

@@ -148,14 +148,24 @@ inline float max_of(const float* x, int64_t n) {
   float top = kNegInf;
   bool nan = false;
 #ifdef TRANSDUCE_AVX512
-  __m512 acc16 = _mm512_set1_ps(kNegInf);
+  // four running maxima: one would wait for the previous vector's max at every step
+  __m512 acc0 = _mm512_set1_ps(kNegInf), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   __mmask16 unordered16 = 0;
+  for (; j + 64 <= n; j += 64) {
+    const __m512 v0 = _mm512_loadu_ps(x + j), v1 = _mm512_loadu_ps(x + j + 16);
+    const __m512 v2 = _mm512_loadu_ps(x + j + 32), v3 = _mm512_loadu_ps(x + j + 48);
+    acc0 = _mm512_max_ps(acc0, v0);
+    acc1 = _mm512_max_ps(acc1, v1);
+    acc2 = _mm512_max_ps(acc2, v2);
+    acc3 = _mm512_max_ps(acc3, v3);
+    unordered16 |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v2, v3, _CMP_UNORD_Q);
+  }
   for (; j + 16 <= n; j += 16) {
     const __m512 v = _mm512_loadu_ps(x + j);
-    acc16 = _mm512_max_ps(acc16, v);
+    acc0 = _mm512_max_ps(acc0, v);
     unordered16 |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   }
-  top = _mm512_reduce_max_ps(acc16);
+  top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc0, acc1), _mm512_max_ps(acc2, acc3)));
   nan = unordered16 != 0;
 #endif
 #ifdef TRANSDUCE_AVX2
@@ -205,6 +215,23 @@ struct RowTopK {
     constexpr int64_t kBlock = 16;
     for (; j < count && j % kBlock != 0; ++j)
       if (x[j] > best[k - 1]) insert(x[j], offset + j);
+#if defined(TRANSDUCE_AVX512)
+    // four blocks at a time; where one holds values above the k-th best (rare once the row's first few hundred
+    // values are in), only those values are looked at, the threshold rising as they enter
+    for (; j + 4 * kBlock <= count; j += 4 * kBlock) {
+      const __m512 t16 = _mm512_set1_ps(best[k - 1]);
+      const __mmask16 m0 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), t16, _CMP_GT_OQ);
+      const __mmask16 m1 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j + 16), t16, _CMP_GT_OQ);
+      const __mmask16 m2 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j + 32), t16, _CMP_GT_OQ);
+      const __mmask16 m3 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j + 48), t16, _CMP_GT_OQ);
+      uint64_t above = static_cast<uint64_t>(m0) | static_cast<uint64_t>(m1) << 16 | static_cast<uint64_t>(m2) << 32 |
+                       static_cast<uint64_t>(m3) << 48;
+      for (; above != 0; above &= above - 1) {
+        const int64_t i = j + __builtin_ctzll(above);
+        if (x[i] > best[k - 1]) insert(x[i], offset + i);
+      }
+    }
+#endif
     for (; j + kBlock <= count; j += kBlock) {
       const float threshold = best[k - 1];
 #if defined(TRANSDUCE_AVX512)
