@@ -11,7 +11,9 @@ Sentences are sorted by length and cut into batches of ``--batch`` sentences (ev
 Each decoder stops a hypothesis at EOS or at source length + 50 tokens. For every mode (greedy, beam 4), batch size
 and decoder it prints sentences/s and output tokens/s (median of ``--reps``), the speed ratio to CTranslate2
 float32, and with ``--ref`` the BLEU of the output (sacreBLEU on detokenised text, and lowercased Moses-tokenised
-BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``.
+BLEU when the model is lowercased). Threads: torch and CTranslate2 both use ``torch.get_num_threads()``. A
+repetition goes through the batches in turn, every decoder translating a batch before any goes on to the next (in
+a rotating order), so that a slow moment of a shared machine falls on all decoders rather than on one whole run.
 
 Variants of transduce's fast paths, for comparisons on one CPU (not in the default list): ``ours-onednn-layers``
 (fp32 with oneDNN for every linear layer), ``ours-bf16-fallback`` (bf16 products through ``F.linear``),
@@ -23,8 +25,7 @@ transduce's AMX kernel: the layers of at least ``bf16_min_weights`` weights), ``
 ``ours-by-position-early`` (the step's self-attention cache copied into row order at every step, or stored by
 position, whatever the source's length; ``ours-bf16-copied-early``, ``ours-bf16-by-position-early`` the same in
 bf16), ``ours-bf16-unfused-early`` and ``ours-int8-unfused-early`` (the logits written, then the candidates
-taken from them: not the AMX kernels' one pass), ``ours-unfused-early`` (float32 logits in a new tensor at
-every step, not in the search's one buffer) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel
+taken from them: not the AMX kernels' one pass) and ``ours-int8-vnni`` (int8 through transduce's VNNI kernel
 alone, not in the AMX tiles where the CPU has them); ``ours-bf16-early`` and ``ours-int8-vnni-early`` with
 CTranslate2's stopping rule.
 
@@ -47,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from harness import add_common_args, apply_common_args, interleaved, machine, table
+from harness import add_common_args, apply_common_args, interleaved_pieces, machine, table
 from transduce import fastpaths
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.search import generate
@@ -231,7 +232,6 @@ def main() -> None:
         ("ours-copied-early", translator, "transduce fp32, cache copied, early stopping", True, copied),
         ("ours-by-position-early", translator, "transduce fp32, cache by position, early stopping", True, by_position),
         ("ours-early", translator, "transduce fp32, early stopping", True, None),
-        ("ours-unfused-early", translator, "transduce fp32, new logits each step, early stopping", True, unfused),
         ("ours-onednn-layers", translator, "transduce fp32, oneDNN for every layer", False, {"onednn_layers": True}),
         ("ours-linear-early", translator, "transduce fp32, F.linear, early stopping", True, linear_paths),
         ("ours-packed-output-early", translator, "transduce fp32, oneDNN output layer, early stopping", True, packed),
@@ -317,11 +317,14 @@ def main() -> None:
             outputs: dict[str, list[list[int]]] = {}
             active = [d for d in decoders if beam > 1 or not getattr(d, "early_stopping", False)]  # greedy: the same
 
-            def run(d, batches=batches, beam=beam, outputs=outputs) -> None:
-                outputs[d.name] = d.run(batches, beam)
+            def run(d, i: int, batches=batches, beam=beam, outputs=outputs) -> None:
+                outputs.setdefault(d.name, [[] for _ in batches])[i] = d.run([batches[i]], beam)
 
-            # interleaved, so that a noisy moment hits every decoder alike
-            times = interleaved({d.name: lambda d=d: run(d) for d in active}, args.reps, warmup=0)
+            # interleaved batch by batch, so that a noisy moment hits every decoder alike
+            for d in active:  # (one untimed batch each first: kernels built, weights packed, caches warm)
+                run(d, 0)
+            times = interleaved_pieces({d.name: lambda i, d=d: run(d, i) for d in active}, len(batches), args.reps)
+            outputs = {name: [o for part in parts for o in part] for name, parts in outputs.items()}
             base = statistics.median(times["CTranslate2 fp32"]) if "CTranslate2 fp32" in times else None
             for d in active:
                 t = statistics.median(times[d.name])

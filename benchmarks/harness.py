@@ -6,8 +6,8 @@ Not a benchmark itself; the scripts import it (``python benchmarks/X.py`` puts `
 - :func:`machine`: one line saying what ran: the date, torch, threads, the CPU and its vector extensions, the
   allocator, the load average and transduce's fast paths (:mod:`transduce.fastpaths`), printed first by every
   script so that a table never travels without it;
-- :func:`median_seconds` and :func:`interleaved`: medians of repeated runs, contenders interleaved in rotating
-  order so that a noisy machine slows them alike;
+- :func:`median_seconds`, :func:`interleaved` and :func:`interleaved_pieces`: medians of repeated runs, contenders
+  interleaved in rotating order (whole runs, or part by part) so that a noisy machine slows them alike;
 - :func:`table`: a markdown table.
 """
 
@@ -124,6 +124,27 @@ def interleaved(fns: dict[str, Callable[[], float | None]], reps: int, warmup: i
     for rep in range(reps):
         for name in order[rep % len(order) :] + order[: rep % len(order)]:
             times[name].append(_run(fns[name]))
+    return times
+
+
+def interleaved_pieces(fns: dict[str, Callable[[int], object]], pieces: int, reps: int) -> dict[str, list[float]]:
+    """Like :func:`interleaved` for work that comes in ``pieces`` parts (the batches of a test set): every
+    contender does part i before any goes on to part i + 1, in an order that rotates with the part and the
+    repetition, so that a slow moment of the machine (seconds long on a shared host) falls on all of them rather
+    than on the one whose whole run it meets. ``fns[name](i)`` does part i. Returns each one's seconds per
+    repetition (the sum over its parts), no untimed warm-up."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for rep in range(reps):
+        total = dict.fromkeys(fns, 0.0)
+        for i in range(pieces):
+            turn = (rep + i) % len(order)
+            for name in order[turn:] + order[:turn]:
+                start = time.perf_counter()
+                fns[name](i)
+                total[name] += time.perf_counter() - start
+        for name in fns:
+            times[name].append(total[name])
     return times
 
 

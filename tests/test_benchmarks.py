@@ -40,6 +40,19 @@ def test_interleaved_rotates_who_goes_first_and_reports_what_each_run_returns(ha
     assert harness.median_seconds(lambda: 2.0, reps=3) == 2.0
 
 
+def test_interleaved_pieces_runs_every_contender_on_a_part_before_the_next_part(harness, monkeypatch):
+    calls = []
+    clock = iter(range(1000))
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: float(next(clock)))
+    fns = {name: (lambda i, name=name: calls.append((name, i))) for name in "ab"}
+    times = harness.interleaved_pieces(fns, pieces=3, reps=2)
+    # part by part, the order rotating with the part and the repetition
+    first = [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    second = [("b", 0), ("a", 0), ("a", 1), ("b", 1), ("b", 2), ("a", 2)]
+    assert calls == [*first, *second]
+    assert times == {"a": [3.0, 3.0], "b": [3.0, 3.0]}  # each part one tick of the patched clock, summed
+
+
 def test_the_machine_line_says_what_ran(harness):
     line = harness.machine()
     assert re.match(r"\d{4}-\d{2}-\d{2}; torch ", line)

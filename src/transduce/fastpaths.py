@@ -53,10 +53,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
 - ``fused_candidates``: with ``bf16_amx`` or ``int8_amx``, a beam search's bf16 or int8 pre-softmax projection
   and the step's candidates (each row's logsumexp and best logits) in one pass (``amx_bf16_candidates`` in
   ``model/csrc/amx.cpp``, ``int8_amx_candidates`` in ``model/csrc/int8.cpp``; ``search/candidates.py``:
-  ``RowCandidates.step``), the logits never written, where the rows are masked alike and there is no constraint;
-  a float32 projection through MKL writes its logits into one buffer kept for the whole search, then
-  ``row_candidates`` (``model/packed.py``: ``candidates_function``). Fallback: the logits written into a new
-  tensor at every step, then ``row_candidates``.
+  ``RowCandidates.step``), the logits never written, where the rows are masked alike and there is no constraint.
+  Fallback: the logits written by the AMX kernel, then ``row_candidates``.
 - ``bf16_onednn``: the linear layers of a model with bf16 products (:mod:`transduce.model.bf16`, what
   ``precision="bf16"`` decodes with on the CPU; :func:`decode_precision` says when ``auto`` picks it) through
   oneDNN with the weight packed once, the ReLU fused. Fallback: ``F.linear`` on bf16 tensors.
@@ -257,8 +255,7 @@ class FastPaths:
     # 2-12x MKL's float32 product and 1.4-15x oneDNN's bf16 one on the presets' decoding shapes (docs/benchmarks.md)
     bf16_amx: bool = field(default_factory=lambda: cpu_features().amx_bf16)
     # a beam search's bf16 or int8 pre-softmax projection in the AMX tiles and the candidates taken from its logits
-    # in the same pass (amx_bf16_candidates, int8_amx_candidates; search/candidates.py), the logits never written;
-    # a float32 one's logits in one buffer for the whole search (model/packed.py: candidates_function)
+    # in the same pass (amx_bf16_candidates, int8_amx_candidates; search/candidates.py), the logits never written
     fused_candidates: bool = True
     # bf16 layers without the AMX kernel: through oneDNN with packed weights; False: F.linear on bf16 tensors
     bf16_onednn: bool = field(default_factory=onednn_available)

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from transduce import fastpaths
-from transduce.model import bf16, kernels, quantize
+from transduce.model import bf16, quantize
 
 # id(weight) -> (weak reference to the weight, (data pointer, version), a copy of it): built on first use, rebuilt when
 # the weight changes (training updates it in place, which bumps its version), dropped with the weight. _PACKED holds
@@ -132,37 +132,3 @@ def project(linear: nn.Module, x: Tensor, activation: str | None = None, *, outp
         return y if activation is None else FUSED[activation](y)
     y = linear(x)
     return y if activation is None else FUSED[activation](y)
-
-
-def candidates_function(linear: nn.Module) -> Callable[[Tensor, int, Tensor], tuple[Tensor, Tensor, Tensor]] | None:
-    """The float32 pre-softmax projection ``linear`` and a beam step's reduction of its logits, for one search: a
-    function of ``(x, k, excluded)`` that returns what :func:`transduce.model.kernels.row_candidates` returns for
-    ``project(linear, x, output=True)`` (each row's logsumexp, then its ``k`` largest logits with the ids
-    ``excluded`` left out). The logits go into one buffer that the function keeps and reuses at every step (MKL's
-    product with ``out=``; grown when a step has more rows), where a new tensor of several megabytes a step cost the
-    product and the kernel's read of it more (a `tiny` beam search 1.04-1.10x faster; docs/benchmarks.md). None
-    where this does not apply: not a plain ``nn.Linear`` in eval mode with float32 CPU weights, the kernels not
-    built, or the projection through oneDNN (``fastpaths.settings.onednn``, which has no ``out=``)."""
-    if type(linear) is not nn.Linear or linear.training or fastpaths.settings.onednn:
-        return None
-    weight = linear.weight
-    if weight.dtype != torch.float32 or not kernels.applies(weight):
-        return None
-    w = transposed_weight(weight) if fastpaths.settings.transposed_weights else weight.detach().t()
-    bias = None if linear.bias is None else linear.bias.detach()
-    outputs = linear.out_features
-    buffer = weight.new_empty(0)
-
-    def call(x: Tensor, k: int, excluded: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        nonlocal buffer
-        rows = x.shape[0]
-        if buffer.numel() < rows * outputs:
-            buffer = x.new_empty(rows * outputs)
-        logits = buffer[: rows * outputs].view(rows, outputs)
-        if bias is None:
-            torch.mm(x, w, out=logits)
-        else:
-            torch.addmm(bias, x, w, out=logits)
-        return kernels.row_candidates(logits, k, excluded)
-
-    return call

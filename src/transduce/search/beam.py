@@ -160,7 +160,7 @@ def beam_search(
     row_limit = limit
     beam_offsets = torch.arange(2 * beam, device=device)
     # (with a bf16 or int8 pre-softmax projection in the AMX tiles, the logits are reduced to the candidates as they
-    # are made; with a float32 one they go into one buffer for the whole search)
+    # are made)
     one_pass = RowCandidates(cfg, min_len, device, model if use_cache and constraint is None else None)
 
     step = 0

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from transduce import fastpaths
-from transduce.model import bf16, kernels, packed, quantize
+from transduce.model import bf16, kernels, quantize
 from transduce.model.step import decode_step
 from transduce.search.common import (
     NEG_INF,
@@ -95,8 +95,7 @@ class RowCandidates:
 
     With ``model`` (a beam search's, when nothing else masks its tokens): where the model's pre-softmax projection
     has bf16 or int8 products in the AMX tiles, :meth:`step` makes the decoding step's logits and reduces them in one
-    kernel (:func:`_fused_output`) without writing them; with float32 products it writes them into one buffer for
-    the whole search."""
+    kernel (:func:`_fused_output`) without writing them."""
 
     def __init__(self, config: Any, min_len: int, device: torch.device, model: Any = None):
         self.min_len = min_len
@@ -125,13 +124,12 @@ class RowCandidates:
 
 
 def _fused_output(model: Any) -> Any:
-    """The pre-softmax projection of ``model`` with the reduction of its logits to a step's candidates, where a
-    search's steps can use it (``fastpaths.settings.fused_candidates``): a :class:`~transduce.model.Transformer` in
-    inference (not an ensemble) decoding through the step function and the kernels (float32 on the CPU, no
-    autocast) whose projection has bf16 products (:func:`transduce.model.bf16.candidates_function`) or int8 ones
-    (:func:`transduce.model.quantize.candidates_function`) in the AMX kernels, the logits never written, or float32
-    products through MKL, the logits written into one buffer the search reuses
-    (:func:`transduce.model.packed.candidates_function`); else None."""
+    """The pre-softmax projection of ``model`` with the reduction of its logits to a step's candidates in the AMX
+    tiles, the logits never written, where a search's steps can use it (``fastpaths.settings.fused_candidates``): a
+    :class:`~transduce.model.Transformer` in inference (not an ensemble) decoding through the step function and the
+    kernels (float32 on the CPU, no autocast) whose projection has bf16 products
+    (:func:`transduce.model.bf16.candidates_function`) or int8 ones (:func:`transduce.model.quantize.
+    candidates_function`) in the AMX kernels; else None."""
     output = getattr(model, "output", None)
     paths = fastpaths.settings
     if not (paths.fused_candidates and paths.step_function and hasattr(model, "decoder_layers")) or model.training:
@@ -142,8 +140,6 @@ def _fused_output(model: Any) -> Any:
         return None
     if type(output) is bf16.BF16Linear:
         return bf16.candidates_function(output)
-    if type(output) is torch.nn.Linear:  # float32: the logits written into one buffer the search reuses
-        return packed.candidates_function(output)
     return quantize.candidates_function(output)
 
 
