@@ -158,6 +158,7 @@ inline float max_of(const float* x, int64_t n) {
     acc1 = _mm512_max_ps(acc1, v1);
     acc2 = _mm512_max_ps(acc2, v2);
     acc3 = _mm512_max_ps(acc3, v3);
+    // (unordered(a, b): a lane where a or b is NaN, so two comparisons cover the four vectors)
     unordered16 |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v2, v3, _CMP_UNORD_Q);
   }
   for (; j + 16 <= n; j += 16) {
