@@ -422,10 +422,10 @@ std::vector<torch::Tensor> row_candidates(torch::Tensor x, int64_t k, const torc
   int64_t* id = indices.data_ptr<int64_t>();
   at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      float* xr = xd + r * row;
-      nd[r] = logsumexp_row(xr, V);
-      for (int64_t e = 0; e < E; ++e) xr[ed[e]] = kNegInf;
-      topk_row(xr, V, k, vd + r * k, id + r * k);
+      // (the whole row as one chunk of vecmath.h's RowCandidates, which the AMX kernels feed 256 logits at a time)
+      RowCandidates state{RowTopK{vd + r * k, id + r * k, k}};
+      state.feed(xd + r * row, V, 0, ed, ed + E);
+      nd[r] = state.normaliser();
     }
   });
   return {normalisers, values, indices};

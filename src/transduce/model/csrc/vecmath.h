@@ -255,9 +255,10 @@ struct RowTopK {
 };
 
 // One row's logits fed a chunk at a time, in the order of their ids (AMX products that reduce their logits as they
-// make them: amx.cpp, int8.cpp): the row's logsumexp over every value, kept as a running maximum and a sum of
-// exponentials rescaled when the maximum grows, and its k largest values with the excluded ids left out (RowTopK).
-// What decoding.cpp's row_candidates gives for the whole row, the logsumexp up to the order of summation.
+// make them: amx.cpp, int8.cpp), or as one chunk (decoding.cpp's row_candidates): the row's logsumexp over every
+// value, kept as a running maximum and a sum of exponentials rescaled when the maximum grows, and its k largest
+// values with the excluded ids left out (RowTopK). Fed in chunks, the logsumexp equals the one-chunk value up to the
+// order of summation.
 struct RowCandidates {
   RowTopK best;
   float top = kNegInf, sum = 0.0f;
