@@ -281,6 +281,51 @@ def test_decoding_step_function_equals_the_modules(monkeypatch, options):
     assert not torch.allclose(fast[-1][0], fast[-1][1])  # rows decode different things
 
 
+@pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: no step kernel")
+@pytest.mark.parametrize(
+    "options",
+    [{"norm": "pre"}, {"norm": "post"}, {"norm": "pre", "bias": False}, {"norm": "post", "transposed": False}],
+)
+def test_the_step_kernel_gives_the_step_functions_numbers_bit_for_bit(monkeypatch, options):
+    """The step function's float32 decoder layers in one kernel call (decoder_step) make the same ATen products,
+    layer norms and attention calls in the same order as its Python loop: the same logits and caches exactly, pre-
+    and post-norm, with and without biases, with transposed weight copies and with transposed views; where it does
+    not apply (GELU, oneDNN's layers) the loop runs."""
+    options = dict(options)
+    monkeypatch.setattr(fastpaths.settings, "by_position_min_source", 10**9)  # the cache copied into row order
+    monkeypatch.setattr(fastpaths.settings, "transposed_weights", options.pop("transposed", True))
+    model = make(**options)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    fast, fast_cache = _search_like_steps(model)
+    assert fast_cache.step_weights.kernel_layers is not None  # the kernel ran
+    monkeypatch.setattr(fastpaths.settings, "step_kernel", False)
+    slow, slow_cache = _search_like_steps(model)
+    assert slow_cache.step_weights.kernel_layers is None
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(fast_cache.self_kv, slow_cache.self_kv)
+    monkeypatch.setattr(fastpaths.settings, "step_kernel", True)
+    assert step_module.StepWeights.of(make("pre", activation="gelu")).kernel_layers is None
+    monkeypatch.setattr(fastpaths.settings, "onednn_layers", True)
+    assert step_module.StepWeights.of(model).kernel_layers is None
+
+
+@pytest.mark.skipif(not fastpaths.settings.kernels, reason="TRANSDUCE_KERNELS=0: no step kernel")
+def test_the_step_kernel_refuses_inconsistent_arguments_in_one_line():
+    """decoder_step checks what it is given: weights and eps per layer, heads that divide d_model."""
+    kernel = kernels.compiled()
+    if kernel is None:
+        pytest.skip("transduce's kernels did not build here")
+    x = torch.zeros(4, 8)
+    k = torch.zeros(2, 2, 3, 4)
+    with pytest.raises(RuntimeError, match="decoder_step: need 18 weights and 3 eps per layer"):
+        kernel.decoder_step(x, [x] * 17, [1e-5] * 4, None, None, [k], [k], None, 2, 2, True, 0.5)
+    with pytest.raises(RuntimeError, match="decoder_step: 4 rows of 8 do not split into 3 heads"):
+        kernel.decoder_step(x, [x] * 20, [1e-5] * 4, None, None, [k], [k], None, 3, 2, True, 0.5)
+
+
 def _steps_through_modules(model, src, tokens):
     """Logits of every position of ``tokens`` (B, T) decoded one at a time through the decoder's modules."""
     with torch.inference_mode():

@@ -20,6 +20,11 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   warning says why) and for tensors the kernels do not take (not float32, or not on the CPU).
 - ``step_function``: a decoding step as one function over the weights (``model/step.py``). Fallback: the
   decoder's modules (set it off for forward hooks on them to run).
+- ``step_kernel``: that function's float32 decoder layers in one call of a kernel (``decoder_step`` in
+  ``model/csrc/decoding.cpp``: the same ATen products, layer norms and attention kernels in the same order, so the
+  same numbers), where the layers are plain linear layers with MKL's products, the activation is ReLU and the
+  step's self-attention cache is copied into row order. Fallback: the step function's loop over the layers in
+  Python.
 - ``attention_kernel_max_keys``: inference attention (the encoder's, and cross-attention outside the step function)
   through the kernel up to this many keys (``model/fused.py: attend``); 0: never. Fallback:
   ``scaled_dot_product_attention``.
@@ -225,6 +230,9 @@ class FastPaths:
     kernels: bool = field(default_factory=lambda: os.environ.get("TRANSDUCE_KERNELS", "1") != "0")
     # one-token decoding steps through model/step.py's function; False: through the decoder's modules
     step_function: bool = True
+    # ... with the float32 decoder layers of the step in one kernel call (csrc/decoding.cpp: decoder_step, the same
+    # operations), where its linear layers are MKL's products; False: the step function's Python loop
+    step_kernel: bool = True
     # inference attention through the kernel (model/fused.py) for at most this many keys (above: SDPA, faster from
     # about 256 keys)
     attention_kernel_max_keys: int = 128

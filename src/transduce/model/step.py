@@ -144,6 +144,8 @@ class StepWeights:
     output: Callable[[Tensor], Tensor]  # the pre-softmax projection: packed.project, or the int8 operation
     heads: int
     d_k: int
+    # the layers as the kernel's decoder_step takes them (weights, layer norm eps), where it applies: _kernel_layers
+    kernel_layers: tuple[list[Tensor], list[float]] | None = None
 
     @classmethod
     def of(cls, model: nn.Module) -> StepWeights:
@@ -159,8 +161,58 @@ class StepWeights:
             ))  # fmt: skip
         return cls(
             model, tuple(layers), _norm(model.decoder_norm), cfg.norm == "pre", model.tgt_embed.weight,
-            model.embed_scale, model.tgt_positions, _output(model.output), cfg.heads, cfg.d_k,
+            model.embed_scale, model.tgt_positions, _output(model.output), cfg.heads, cfg.d_k, _kernel_layers(model),
         )  # fmt: skip
+
+
+_NONE = torch.empty(0)  # decoder_step's "no bias" (and "no norm weight"): a tensor with no elements
+
+
+def _kernel_layers(model: nn.Module) -> tuple[list[Tensor], list[float]] | None:
+    """The decoder's layers as the kernel's ``decoder_step`` takes them (``fastpaths.settings.step_kernel``): 18
+    tensors per layer (each norm's weight and bias, each linear layer's weight as the (inputs, outputs) matrix
+    :func:`_linear` multiplies by and its bias), the final norm's two, and the norms' eps; None where the kernel does
+    not apply: the kernels not built, weights not float32 on the CPU, a linear layer that is not a plain
+    ``nn.Linear`` or that oneDNN would take (``onednn_layers``), a norm that is not a ``LayerNorm`` over the last
+    dimension, an activation other than ReLU."""
+    paths = fastpaths.settings
+    if not (paths.step_kernel and paths.kernels) or paths.onednn_layers:
+        return None
+    if not kernels.applies(model.tgt_embed.weight) or kernels.compiled() is None:
+        return None
+    weights: list[Tensor] = []
+    eps: list[float] = []
+
+    def linear(lin: nn.Module) -> bool:
+        if type(lin) is not nn.Linear or not kernels.applies(lin.weight):
+            return False
+        weights.append(packed.transposed_weight(lin.weight) if paths.transposed_weights else lin.weight.t())
+        weights.append(_NONE if lin.bias is None else lin.bias)
+        return True
+
+    def norm(n: nn.Module) -> bool:
+        if type(n) is not nn.LayerNorm or len(n.normalized_shape) != 1:
+            return False
+        weights.extend(_NONE if t is None else t for t in (n.weight, n.bias))
+        eps.append(n.eps)
+        return True
+
+    for layer in model.decoder_layers:
+        if layer.ffn.act is not F.relu:
+            return None
+        parts = (
+            norm(layer.norm1) and linear(layer.self_attn.qkv) and linear(layer.self_attn.out)
+            and norm(layer.norm2) and linear(layer.cross_attn.q) and linear(layer.cross_attn.out)
+            and norm(layer.norm3) and linear(layer.ffn.w1) and linear(layer.ffn.w2)
+        )  # fmt: skip
+        if not parts:
+            return None
+    if isinstance(model.decoder_norm, nn.Identity):  # the post-norm decoder has no final norm
+        weights += [_NONE, _NONE]
+        eps.append(0.0)
+    elif not norm(model.decoder_norm):
+        return None
+    return weights, eps
 
 
 def decode_step(
@@ -190,17 +242,6 @@ def decode_step(
     # without the table and with the kernels, each layer's attention copies the cache's rows into the new cache
     # itself (attend_gathered), where they are read anyway
     gathered = kernel is not None and not by_table
-    past = order = None
-    if by_table:
-        self_kv, written = _storage(cache, weights, rows)  # (layers, 2, capacity, slab rows, h, d_k)
-        column = torch.arange(rows, device=embedding.device)[:, None]  # this step's rows write slab rows 0 .. B - 1
-        table = column if t == 0 else torch.cat([cache.table, column], dim=1)  # (B, t + 1)
-    elif gathered:
-        past = cache.self_kv.contiguous().unbind(0) if t > 0 else None  # per layer (2, B', h, t, d_k)
-        order = cache.order.contiguous() if t > 0 and cache.order is not None else None  # (nothing to order at t = 0)
-        self_kv = embedding.new_empty(len(weights.layers), 2, rows, heads, t + 1, d_k)  # written by the kernel
-    else:
-        self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position written below
     position = weights.positions(t, 1)[0]
     if position.dtype != embedding.dtype:
         position = position.to(embedding.dtype)
@@ -208,6 +249,26 @@ def decode_step(
     memory_mask, scale = cache.memory_mask, d_k**-0.5
     if kernel is not None and memory_mask is not None:
         memory_mask = memory_mask[:, 0, 0]  # (B / group, S)
+    past = order = None
+    if gathered:
+        order = cache.order.contiguous() if t > 0 and cache.order is not None else None  # (nothing to order at t = 0)
+        if weights.kernel_layers is not None:  # the loop below in one kernel call (the same operations)
+            tensors, eps = weights.kernel_layers
+            keys, values = zip(*cache.cross_kv)
+            past_all = cache.self_kv.contiguous() if t > 0 else None  # (layers, 2, B', h, t, d_k)
+            out, self_kv = kernel.decoder_step(
+                x, tensors, eps, past_all, order, keys, values, memory_mask, heads, group, pre, scale
+            )  # fmt: skip
+            out = weights.output(out)[:, None] if logits else out
+            return out, DecoderCache(self_kv, cache.cross_kv, cache.memory_mask, group, step_weights=weights)
+        past = cache.self_kv.contiguous().unbind(0) if t > 0 else None  # per layer (2, B', h, t, d_k)
+        self_kv = embedding.new_empty(len(weights.layers), 2, rows, heads, t + 1, d_k)  # written by the kernel
+    elif by_table:
+        self_kv, written = _storage(cache, weights, rows)  # (layers, 2, capacity, slab rows, h, d_k)
+        column = torch.arange(rows, device=embedding.device)[:, None]  # this step's rows write slab rows 0 .. B - 1
+        table = column if t == 0 else torch.cat([cache.table, column], dim=1)  # (B, t + 1)
+    else:
+        self_kv = model._extended_self_kv(cache, 1)  # (layers, 2, B, h, t + 1, d_k); the new position written below
     # (methods, not indexing: `t[:, 1:]` costs several times `t.narrow(1, 1, 2)`, and a step makes dozens)
     for i, (w, kv, (k, v)) in enumerate(zip(weights.layers, self_kv.unbind(0), cache.cross_kv)):
         # masked self-attention: the new position's keys and values into the cache, its query over all t + 1

@@ -478,6 +478,94 @@ torch::Tensor layer_norm(const torch::Tensor& x, const c10::optional<torch::Tens
   return out;
 }
 
+// decoder_step: the decoder layers of one decoding step (transduce.model.step.decode_step), float32 on the CPU,
+// in one call: the same operations in the same order as the step function's Python loop (ATen's addmm for each
+// linear layer, the kernels above for the layer norms and the attention), so the same numbers bit for bit. A step of
+// a 4-layer decoder makes about a hundred small operations, and from Python each costs a few microseconds of
+// interpreter and binding time whatever its size: about 0.5 ms a step on the Multi30k `tiny` model, a tenth of a
+// beam step at batch 32 (docs/benchmarks.md).
+namespace {
+
+// weight (K, N) as x @ weight: ``x W^T + b`` (bias: numel 0 for none), then ReLU, or the residual added as the
+// step function's linear layers do it (transduce.model.step._linear): addmm into the residual, then the bias.
+torch::Tensor step_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          const torch::Tensor* residual, bool relu) {
+  const bool has_bias = bias.numel() > 0;
+  if (residual != nullptr) {
+    auto y = at::addmm(*residual, x, weight);
+    return has_bias ? y.add_(bias) : y;
+  }
+  auto y = has_bias ? at::addmm(bias, x, weight) : at::mm(x, weight);
+  return relu ? y.relu_() : y;
+}
+
+torch::Tensor step_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+  return layer_norm(x, weight.numel() > 0 ? c10::optional<torch::Tensor>(weight) : c10::nullopt,
+                    bias.numel() > 0 ? c10::optional<torch::Tensor>(bias) : c10::nullopt, eps);
+}
+
+}  // namespace
+
+// x: (B, D) the embedded new tokens. weights: 18 per layer, in the order norm1 (weight, bias), qkv (weight as
+// (D, 3D), bias), self-attention output (weight (D, D), bias), norm2, cross-attention query, cross-attention output,
+// norm3, the first feed-forward layer (followed by ReLU), the second; then the final norm's weight and bias (numel 0:
+// none, or no final norm at all for both). eps: the layer norms' (3 per layer, then the final one). past: (L, 2, B',
+// H, T, d) contiguous, the cache of the T earlier positions (None at T = 0), read in ``order`` (B,) or in row order;
+// cross_k, cross_v: per layer (B / group, H, S, d); memory_mask: (B / group, S) bool or None. Returns the decoder's
+// output states (B, D) and the new cache (L, 2, B, H, T + 1, d).
+std::vector<torch::Tensor> decoder_step(torch::Tensor x, const std::vector<torch::Tensor>& weights,
+                                        const std::vector<double>& eps, const c10::optional<torch::Tensor>& past,
+                                        const c10::optional<torch::Tensor>& order,
+                                        const std::vector<torch::Tensor>& cross_k,
+                                        const std::vector<torch::Tensor>& cross_v,
+                                        const c10::optional<torch::Tensor>& memory_mask, int64_t heads, int64_t group,
+                                        bool pre_norm, double scale) {
+  check_floats(x, "x", 2, "decoder_step");
+  const int64_t L = static_cast<int64_t>(cross_k.size()), B = x.size(0), D = x.size(1);
+  TORCH_CHECK(L >= 1 && static_cast<int64_t>(cross_v.size()) == L &&
+                  static_cast<int64_t>(weights.size()) == 18 * L + 2 && static_cast<int64_t>(eps.size()) == 3 * L + 1,
+              "decoder_step: need 18 weights and 3 eps per layer plus the final norm's, and cross keys and values "
+              "for each of the ", L, " layers");
+  TORCH_CHECK(heads >= 1 && D % heads == 0 && group >= 1 && B % group == 0,
+              "decoder_step: ", B, " rows of ", D, " do not split into ", heads, " heads and groups of ", group);
+  const int64_t d = D / heads;
+  const bool has_past = past.has_value() && past->defined();
+  const int64_t T = has_past ? past->size(4) : 0;
+  if (has_past)
+    TORCH_CHECK(past->dim() == 6 && past->size(0) == L && past->is_contiguous(),
+                "decoder_step: past must be a contiguous (", L, ", 2, rows, heads, T, d) tensor, got ", past->sizes());
+  auto self_kv = torch::empty({L, 2, B, heads, T + 1, d}, x.options());
+  const c10::optional<torch::Tensor> none;
+  for (int64_t i = 0; i < L; ++i) {
+    const torch::Tensor* w = weights.data() + 18 * i;
+    const double* e = eps.data() + 3 * i;
+    // masked self-attention: the new position's keys and values into the cache, its query over all T + 1
+    auto qkv = step_linear(pre_norm ? step_norm(x, w[0], w[1], e[0]) : x, w[2], w[3], nullptr, false)
+                   .view({B, 3, heads, d});
+    auto new_kv = qkv.narrow(1, 1, 2).transpose(0, 1);  // (2, B, H, d)
+    auto q = qkv.select(1, 0).unsqueeze(2);             // (B, H, 1, d)
+    auto a = attend_gathered(q, has_past ? c10::optional<torch::Tensor>(past->select(0, i)) : none, order, new_kv,
+                             self_kv.select(0, i), scale);
+    x = step_linear(a.view({B, D}), w[4], w[5], &x, false);
+    if (!pre_norm) x = step_norm(x, w[0], w[1], e[0]);
+    // attention over the encoder output: the queries of a sentence's `group` rows together
+    q = step_linear(pre_norm ? step_norm(x, w[6], w[7], e[1]) : x, w[8], w[9], nullptr, false)
+            .view({B / group, group, heads, d})
+            .transpose(1, 2);
+    a = attend(q, cross_k[i], cross_v[i], memory_mask, scale);  // (B / group, group, H, d)
+    x = step_linear(a.view({B, D}), w[10], w[11], &x, false);
+    if (!pre_norm) x = step_norm(x, w[6], w[7], e[1]);
+    // feed-forward
+    auto h = step_linear(pre_norm ? step_norm(x, w[12], w[13], e[2]) : x, w[14], w[15], nullptr, true);
+    x = step_linear(h, w[16], w[17], &x, false);
+    if (!pre_norm) x = step_norm(x, w[12], w[13], e[2]);
+  }
+  const auto& fw = weights[18 * L];
+  const auto& fb = weights[18 * L + 1];
+  if (fw.numel() > 0 || fb.numel() > 0) x = step_norm(x, fw, fb, eps[3 * L]);
+  return {x, self_kv};
+}
+
 void register_training(pybind11::module_& m);  // training.cpp
 void register_int8(pybind11::module_& m);      // int8.cpp
 void register_allocator(pybind11::module_& m);  // allocator.cpp
@@ -501,6 +589,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "self-attention of a step over a cache in row order, writing the next step's cache",
         pybind11::arg("q"), pybind11::arg("past"), pybind11::arg("order"), pybind11::arg("new_kv"),
         pybind11::arg("out"), pybind11::arg("scale"), release());
+  m.def("decoder_step", &decoder_step, "the decoder layers of one decoding step, float32", pybind11::arg("x"),
+        pybind11::arg("weights"), pybind11::arg("eps"), pybind11::arg("past"), pybind11::arg("order"),
+        pybind11::arg("cross_k"), pybind11::arg("cross_v"), pybind11::arg("memory_mask"), pybind11::arg("heads"),
+        pybind11::arg("group"), pybind11::arg("pre_norm"), pybind11::arg("scale"), release());
   m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"), release());
   m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
         pybind11::arg("k"), release());
