@@ -253,7 +253,7 @@ def test_candidates_from_logits_equal_beam_step_of_the_log_softmax(vocab, width)
     kernels apply: the same as beam_step over the log-softmax, -inf (disallowed) tokens, empty beams and fewer
     candidates than asked for (4 x 7 < 32) included."""
     from transduce.model import kernels
-    from transduce.search.candidates import top_candidates_from_logits
+    from transduce.search.candidates import candidates_from_row_tops
 
     if not kernels.applies(torch.zeros(1)):
         pytest.skip("transduce's kernels are not available (TRANSDUCE_KERNELS=0 or no compiler)")
@@ -267,7 +267,8 @@ def test_candidates_from_logits_equal_beam_step_of_the_log_softmax(vocab, width)
     if width > 1:
         scores[2, 1:] = float("-inf")  # one live beam
     for size in (8, 3, 32):
-        got = top_candidates_from_logits(logits.clone(), normaliser, scores, size)
+        values, tokens = kernels.row_topk(logits.clone(), min(size, vocab))
+        got = candidates_from_row_tops(values, tokens, normaliser, scores, size)
         want = beam_step((logits - normaliser[:, None]).view(5, width, vocab), scores, size)
         torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=0)  # the same values, best first
         finite = torch.isfinite(want[0])
@@ -275,6 +276,68 @@ def test_candidates_from_logits_equal_beam_step_of_the_log_softmax(vocab, width)
         for a, b in zip(got[1:], want[1:]):  # the same tokens and beams where the score is finite (no ties here)
             assert torch.equal(a[finite], b[finite])
         assert got[1].shape == got[2].shape == (5, size)
+
+
+@pytest.mark.parametrize("width,k", [(1, 8), (4, 8), (4, 1)])
+def test_beam_advance_kernel_equals_the_python_selection(width, k, monkeypatch):
+    """A beam step's selection from each row's best logits in one kernel call (beam_advance) gives what PyTorch's
+    operations give: the candidates (ties by the smaller index, -inf rows, fewer candidates than asked for), the
+    survivors without EOS first, their rows, tokens and history, and the two flags."""
+    from transduce.search import beam as beam_module
+    from transduce.search.beam import advance
+
+    if kernels.compiled() is None or not kernels.applies(torch.zeros(1)):
+        pytest.skip("transduce's kernels are not available (TRANSDUCE_KERNELS=0 or no compiler)")
+    beam, n = 4, 6
+    g = torch.Generator().manual_seed(width * 10 + k)
+    values = (torch.randn(n * width, k, generator=g) * 2).sort(dim=1, descending=True).values
+    values[1] = values[1].round()  # equal scores within a row and across rows
+    values[n * width - 1] = float("-inf")  # a row with nothing allowed
+    tokens = torch.randint(4, 40, (n * width, k), generator=g)
+    tokens[0, :2] = EOS_ID  # EOS among the best candidates of sentence 0
+    tokens[width, 0] = EOS_ID
+    normalisers = torch.randn(n * width, generator=g)
+    normalisers[1] = 0.0
+    scores = torch.randn(n, width, generator=g) - 2
+    if width > 1:
+        scores[2, 1:] = float("-inf")  # one live beam
+        scores[1] = scores[1].round()
+    scores[n - 1] = float("-inf")  # a sentence with no live hypothesis
+    history = torch.randint(4, 40, (n * width, 3), generator=g)
+
+    def run(kernel_on):
+        if not kernel_on:
+            monkeypatch.setattr(beam_module, "kernels", SimpleNamespace(applies=lambda t: False, compiled=lambda: None))
+        tops = (values.clone(), tokens.clone(), normalisers.clone())
+        out = advance(None, tops, scores.clone(), history.clone(), beam, EOS_ID)
+        monkeypatch.undo()
+        return out
+
+    fast, slow = run(True), run(False)
+    assert torch.equal(fast[0][0], slow[0][0]) and torch.equal(fast[1], slow[1])  # the same scores, in order
+    # the kernel's order, by a plain Python reference: score descending, the smaller index in width x k first
+    total = ((values - normalisers[:, None]).view(n, width, k) + scores[:, :, None]).view(n, width * k)
+    size = 2 * beam
+    for i in range(n):
+        ranked = sorted(range(width * k), key=lambda c: (-total[i, c].item(), c))[:size]
+        for j, c in enumerate(ranked):
+            if math.isfinite(total[i, c].item()):
+                assert fast[0][1][i, j].item() == tokens[i * width + c // k, c % k].item()
+                assert fast[0][2][i, j].item() == c // k
+    # PyTorch's top-k orders equal scores its own way: the same (score, token, beam) triples where finite
+    finite = fast[0][0].isfinite()
+    for i in range(n):
+        triples = [sorted(zip(*(t[i][finite[i]].tolist() for t in out[0]))) for out in (fast, slow)]
+        assert triples[0] == triples[1]
+    live = fast[1].isfinite().view(-1)
+    rows = fast[2][live]
+    assert torch.equal(fast[4][live], torch.cat([history[rows], fast[3][live]], dim=1))
+    assert fast[5] is True and slow[5] is True  # sentence 0's best candidate ends with EOS
+    assert fast[6] is True and slow[6] is None  # sentence n - 1 has nothing to extend (the kernel says so)
+    survivors = fast[3].view(n, beam)
+    eos_candidates = fast[0][1].eq(EOS_ID).sum(dim=1)
+    for i in range(n):  # EOS survives only where fewer than `beam` other candidates are left
+        assert survivors[i].eq(EOS_ID).sum().item() == max(0, beam - (size - eos_candidates[i].item()))
 
 
 @pytest.mark.parametrize("options", [{}, {"min_len": 3, "no_repeat_ngram": 2}, {"max_len_b": 2}])

@@ -13,6 +13,13 @@ For decoding steps:
   masks the same tokens in every row.
 - ``layer_norm``: the step's layer norms (float32 rows), where ATen's call costs about 9 us on (128, 128), most of
   it fixed cost (the kernel: about 5 us).
+- ``decoder_step``: the float32 decoder layers of a step in one call (ATen's products, ``layer_norm``,
+  ``attend_gathered`` and ``attend`` in the order of the step function's Python loop, so the same numbers), sparing
+  the interpreter and binding time of about a hundred small operations a step
+  (:func:`transduce.model.step.decode_step`, ``fastpaths.settings.step_kernel``).
+- ``beam_advance``: the rest of a beam step once each row's best logits are known: the candidates' scores, each
+  sentence's best ``2 * beam``, the survivors, their rows and the history, in one call where PyTorch's operations
+  took about thirty (:func:`transduce.search.beam.advance`).
 
 For int8 inference (``csrc/int8.cpp``, built only for CPUs with AVX512-VNNI):
 

@@ -9,7 +9,9 @@ and dropped from the batch (cache and memory rows included), when no live hypoth
 
 A step takes its candidates in one call, :func:`transduce.search.candidates.beam_candidates`: ``beam_step`` over the
 next token's log-probabilities with the rules on the next token applied, computed from the logits through
-transduce's kernels where they apply.
+transduce's kernels where they apply; where the kernels give each row's best logits, :func:`advance` takes the
+candidates and the survivors from them in one more kernel call (``beam_advance``), the same selection as PyTorch's
+operations make.
 
 Two things keep the work per step down. The first step decodes one row per sentence (all beams would start from
 the same BOS), then each row becomes ``beam`` rows. And the beams of a sentence share one row of cross-attention
@@ -24,7 +26,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transduce.search.candidates import RowCandidates, beam_candidates, candidates_from_row_tops, top_candidates
+from transduce.model import kernels
+from transduce.search.candidates import (
+    RowCandidates,
+    beam_candidates,
+    beam_row_tops,
+    candidates_from_row_tops,
+    top_candidates,
+)
 from transduce.search.common import (
     NEG_INF,
     Hypothesis,
@@ -51,6 +60,53 @@ def beam_step(log_probs: Tensor, scores: Tensor, size: int) -> tuple[Tensor, Ten
         ``size`` exceeds beam * V, the last ones are such padding, with token 0 and beam 0).
     """
     return top_candidates(scores[:, :, None] + log_probs, size)
+
+
+def advance(
+    candidates: tuple[Tensor, Tensor, Tensor] | None,
+    tops: tuple[Tensor, Tensor, Tensor] | None,
+    scores: Tensor,
+    history: Tensor,
+    beam: int,
+    eos: int,
+) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor, Tensor, Tensor, Tensor, bool, bool | None]:
+    """A beam step's selection: from each sentence's ``2 * beam`` candidates (``candidates``, as :func:`beam_step`
+    returns them), or from each row's best logits (``tops``: ``(values, tokens, normalisers)``, see
+    :func:`transduce.search.candidates.beam_row_tops`), the ``beam`` survivors: the best candidates that do not end
+    with EOS, in score order (EOS ones only where fewer are left).
+
+    Returns ``(candidates, scores, source_rows, tokens_in, history, finish, dead)``: the candidates, the survivors'
+    scores (N, beam), the rows they extend (N * beam,), their tokens (N * beam, 1) and the history with them
+    appended; ``finish``: whether some sentence has an EOS candidate with a finite score within its first ``beam``
+    (hypotheses to finish); ``dead``: whether some sentence's best survivor has a score of -inf, or None where not
+    worked out. From ``tops`` through the kernels' ``beam_advance`` (the same operations in one call) where they
+    apply, else PyTorch's operations."""
+    size = 2 * beam
+    if tops is not None and kernels.applies(tops[0]) and history.device.type == "cpu":
+        kernel = kernels.compiled()
+        if kernel is not None:
+            values, tokens, normalisers = tops
+            tensors, finish, dead = kernel.beam_advance(
+                values.contiguous(), tokens.contiguous(), normalisers.contiguous(), scores.contiguous(),
+                history.contiguous(), size, beam, eos,
+            )  # fmt: skip
+            cand_scores, cand_tokens, cand_beams, scores, source_rows, tokens_in, history = tensors
+            return (cand_scores, cand_tokens, cand_beams), scores, source_rows, tokens_in, history, finish, dead
+    if candidates is None:
+        assert tops is not None
+        candidates = candidates_from_row_tops(*tops, scores, size)
+    cand_scores, cand_tokens, cand_beams = candidates
+    cand_eos = cand_tokens.eq(eos)
+    finish = bool((cand_eos[:, :beam] & torch.isfinite(cand_scores[:, :beam])).any())
+    m, width = scores.shape
+    offsets = torch.arange(size, device=scores.device)
+    rank = torch.where(cand_eos, offsets + size, offsets)  # EOS candidates pushed behind every other one
+    pick = rank.topk(beam, dim=1, largest=False).indices  # (m, beam), in score order
+    scores = cand_scores.gather(1, pick)
+    source_rows = (torch.arange(m, device=scores.device)[:, None] * width + cand_beams.gather(1, pick)).view(-1)
+    tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
+    history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
+    return candidates, scores, source_rows, tokens_in, history, finish, None
 
 
 def reorder_beams(cache: Any, index: Tensor) -> Any:
@@ -158,7 +214,6 @@ def beam_search(
     bos = torch.full((n * beam, 1), cfg.bos_id, dtype=torch.long, device=device)
     tokens_in = bos[:n]
     row_limit = limit
-    beam_offsets = torch.arange(2 * beam, device=device)
     # (with a bf16 or int8 pre-softmax projection in the AMX tiles, the logits are reduced to the candidates as they
     # are made)
     one_pass = RowCandidates(cfg, min_len, device, model if use_cache and constraint is None else None)
@@ -170,41 +225,36 @@ def beam_search(
         # kernels where they apply: search/candidates.py)
         limits = dict(config=cfg, max_len=row_limit, min_len=min_len, history=history, no_repeat_ngram=no_repeat_ngram)
         fused = one_pass.step(model, tokens_in, cache, 2 * beam, step, limits) if use_cache else None
+        candidates = tops = None
         if fused is not None:
             (normaliser, values, row_tokens), cache = fused
-            cand_scores, cand_tokens, cand_beams = candidates_from_row_tops(
-                values, row_tokens, normaliser, scores, 2 * beam
-            )
+            tops = values, row_tokens, normaliser
         else:
             if use_cache:
                 logits, cache = model.decode(tokens_in, memory, cache)
             else:
                 logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
-            cand_scores, cand_tokens, cand_beams = beam_candidates(
-                logits, scores, 2 * beam, step, limits, one_pass, constraint
-            )
-        cand_eos = cand_tokens.eq(cfg.eos_id)
+            tops = beam_row_tops(logits, scores, 2 * beam, step, limits, one_pass, constraint)
+            if tops is None:
+                candidates = beam_candidates(logits, scores, 2 * beam, step, limits, one_pass, constraint)
+        # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
+        last_history = history
+        candidates, scores, source_rows, tokens_in, history, finish, dead = advance(
+            candidates, tops, scores, history, beam, cfg.eos_id
+        )  # fmt: skip
+        cand_scores, cand_tokens, cand_beams = candidates
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses
-        finalize = cand_eos[:, :beam] & torch.isfinite(cand_scores[:, :beam])
-        if bool(finalize.any()):  # (read into Python lists at once: an element read per hypothesis costs)
+        if finish:  # (read into Python lists at once: an element read per hypothesis costs)
+            finalize = cand_tokens[:, :beam].eq(cfg.eos_id) & torch.isfinite(cand_scores[:, :beam])
             idx = finalize.nonzero().tolist()
             sents, beams, lps = alive.tolist(), cand_beams.tolist(), cand_scores.tolist()
             rows = torch.tensor([i * width + beams[i][r] for i, r in idx], device=device)
-            prefixes = history.index_select(0, rows).tolist()
+            prefixes = last_history.index_select(0, rows).tolist()
             finished.add([
                 (sents[i], Hypothesis(prefix, final_score(lps[i][r], step + 1, alpha, length_norm), lps[i][r]))
                 for (i, r), prefix in zip(idx, prefixes)
             ])  # fmt: skip
-
-        # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
-        m = alive.shape[0]
-        rank = torch.where(cand_eos, beam_offsets + 2 * beam, beam_offsets)
-        pick = rank.topk(beam, dim=1, largest=False).indices  # (m, beam), in score order
-        scores = cand_scores.gather(1, pick)
-        source_rows = (torch.arange(m, device=device)[:, None] * width + cand_beams.gather(1, pick)).view(-1)
-        tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
-        history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
 
         # the cache (and the constraint) follow each survivor to the row of the hypothesis it extends
         if constraint is not None:
@@ -223,6 +273,10 @@ def beam_search(
         # done: no live hypothesis left, or `beam` finished ones (that no live one can beat, unless early_stopping).
         # The best a live hypothesis can do is keep its log-probability and reach the longest length (the penalty
         # divides it).
+        # (with early stopping, a sentence that finished nothing at this step can only be done for having no live
+        # hypothesis left: without either, as the kernel's flags say, there is nothing to check)
+        if early_stopping and not finish and dead is False:
+            continue
         best_live = scores[:, 0]
         done = finished.count.index_select(0, alive).ge(beam)
         if not early_stopping:

@@ -48,29 +48,50 @@ def beam_candidates(
     :func:`constrain` (``limits``: its keywords) and by ``constraint``, and ``scores`` (N, width) are the live
     hypotheses' cumulative log-probabilities (-inf for empty beam slots), ``width`` rows per sentence.
 
-    Through the kernels (float32 CPU logits with dense rows): ``one_pass`` (:class:`RowCandidates`, made once per
-    search) where every row masks the same tokens and there is no constraint (the usual step); else each row's
-    normaliser (:func:`transduce.model.kernels.logsumexp`, of the model's distribution), the masks on the logits and
-    :func:`top_candidates_from_logits`. Elsewhere PyTorch's operations: the log-softmax written in place, the masks,
+    Through the kernels (float32 CPU logits with dense rows): each row's best logits (:func:`beam_row_tops`), then
+    :func:`candidates_from_row_tops`. Elsewhere PyTorch's operations: the log-softmax written in place, the masks,
     the scores added in place (beam_step's sum, without another (N, width, V) tensor) and :func:`top_candidates`.
     The same candidates up to float rounding and the order of equal scores; the logits are overwritten.
 
     Returns:
         ``(scores, tokens, beams)``, each (N, size), as :func:`~transduce.search.beam.beam_step` returns them.
     """
-    last = logits[:, -1]  # (rows, V)
-    found = one_pass(last, size, step, limits) if constraint is None else None
-    if found is not None:
-        normaliser, values, tokens = found
-        return candidates_from_row_tops(values, tokens, normaliser, scores, size)
-    if kernels.applies(last) and last.is_contiguous():
-        normaliser = kernels.logsumexp(last)  # of the model's distribution, before the rules mask tokens
-        _mask_next_tokens(last, scores, step, limits, constraint)
-        return top_candidates_from_logits(last, normaliser, scores, size)
+    tops = beam_row_tops(logits, scores, size, step, limits, one_pass, constraint)
+    if tops is not None:
+        return candidates_from_row_tops(*tops, scores, size)
     log_probs = next_token_log_probs(logits)
     _mask_next_tokens(log_probs, scores, step, limits, constraint)
     total = log_probs.view(*scores.shape, -1).add_(scores[:, :, None])  # beam_step's sum, in place
     return top_candidates(total, size)
+
+
+def beam_row_tops(
+    logits: Tensor,
+    scores: Tensor,
+    size: int,
+    step: int,
+    limits: dict[str, Any],
+    one_pass: RowCandidates,
+    constraint: SearchConstraint | None = None,
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """What :func:`beam_candidates` takes its candidates from where the kernels apply (float32 CPU logits with dense
+    rows): the ``min(size, V)`` largest masked logits of each row of the last position of ``logits`` and their
+    tokens, largest first, and each row's normaliser (the logsumexp of the model's logits, before the masks), as
+    ``(values, tokens, normalisers)``; None elsewhere. ``one_pass`` (:class:`RowCandidates`, made once per search)
+    where every row masks the same tokens and there is no constraint (the usual step); else each row's normaliser
+    (:func:`transduce.model.kernels.logsumexp`), the masks on the logits and :func:`transduce.model.kernels.
+    row_topk`. The logits are overwritten."""
+    last = logits[:, -1]  # (rows, V)
+    found = one_pass(last, size, step, limits) if constraint is None else None
+    if found is not None:
+        normaliser, values, tokens = found
+        return values, tokens, normaliser
+    if kernels.applies(last) and last.is_contiguous():
+        normaliser = kernels.logsumexp(last)  # of the model's distribution, before the rules mask tokens
+        _mask_next_tokens(last, scores, step, limits, constraint)
+        values, tokens = kernels.row_topk(last, min(size, last.shape[1]))  # (N * beam, k), largest first
+        return values, tokens, normaliser
+    return None
 
 
 def _mask_next_tokens(
@@ -183,28 +204,6 @@ def top_candidates(total: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor]:
         top_scores = torch.cat([top_scores, top_scores.new_full((n, pad), NEG_INF)], dim=1)
         tokens, beams = (torch.cat([t, t.new_zeros(n, pad)], dim=1) for t in (tokens, beams))
     return top_scores, tokens, beams
-
-
-def top_candidates_from_logits(
-    logits: Tensor, normaliser: Tensor, scores: Tensor, size: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`~transduce.search.beam.beam_step` from the logits, through transduce's kernels: the same candidates as
-    ``beam_step(logits - normaliser[:, None], scores, size)`` (up to float rounding, and the order of equal scores),
-    in one pass over the logits instead of a log-probability array written, summed and searched.
-
-    Within a row the log-probability is ``logit - normaliser``, a shift that keeps the row's order, so the best
-    candidates of a sentence are among the ``size`` largest logits of each of its rows.
-
-    Args:
-        logits: (N * beam, V) float32 CPU logits with dense rows, -inf where a token is not allowed.
-        normaliser: (N * beam,) logsumexp of each row of the model's logits (before tokens were disallowed).
-        scores: (N, beam) cumulative log-probabilities of the live hypotheses.
-        size: candidates per sentence.
-    Returns:
-        ``(scores, tokens, beams)`` as ``beam_step`` returns them.
-    """
-    values, tokens = kernels.row_topk(logits, min(size, logits.shape[1]))  # (N * beam, k), largest first
-    return candidates_from_row_tops(values, tokens, normaliser, scores, size)
 
 
 def candidates_from_row_tops(

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "vecmath.h"
@@ -431,6 +432,110 @@ std::vector<torch::Tensor> row_candidates(torch::Tensor x, int64_t k, const torc
   return {normalisers, values, indices};
 }
 
+// beam_advance: the rest of a beam step once each row's best logits are known (transduce.search.beam), a sentence
+// at a time: each candidate's score (its logit - the row's normaliser + the hypothesis's score, the same float
+// operations as search/candidates.py's candidates_from_row_tops), the best `size` of each sentence's width x k
+// (largest first; among equal scores the smaller index in width x k first), then the `beam` survivors: the best
+// candidates that do not end with EOS, in score order (EOS ones only where fewer are left), with the rows they
+// extend and their tokens appended to the history. values (R, k), tokens (R, k) int64, normalisers (R,), scores
+// (N, width) with R = N x width, history (R, L) int64. Returns (candidate scores, tokens, beams (N, size); the
+// survivors' scores (N, beam), source rows (N x beam,), tokens (N x beam, 1) and history (N x beam, L + 1)) and two
+// flags: whether an EOS candidate with a finite score is within some sentence's first `beam` (hypotheses to finish),
+// and whether some sentence's best survivor has a score of -inf (nothing left to extend).
+std::tuple<std::vector<torch::Tensor>, bool, bool> beam_advance(const torch::Tensor& values,
+                                                                const torch::Tensor& tokens,
+                                                                const torch::Tensor& normalisers,
+                                                                const torch::Tensor& scores,
+                                                                const torch::Tensor& history, int64_t size,
+                                                                int64_t beam, int64_t eos) {
+  TORCH_CHECK(values.dim() == 2 && values.scalar_type() == at::kFloat && values.device().is_cpu() &&
+                  values.is_contiguous(),
+              "beam_advance: values must be a contiguous (R, k) float32 CPU tensor");
+  const int64_t R = values.size(0), k = values.size(1);
+  TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == at::kFloat && scores.is_contiguous() &&
+                  scores.numel() == R && scores.size(1) >= 1,
+              "beam_advance: scores must be a contiguous (N, width) float32 tensor with N x width = ", R, " rows");
+  TORCH_CHECK(tokens.sizes() == values.sizes() && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
+              "beam_advance: tokens must be a contiguous int64 tensor shaped like values");
+  TORCH_CHECK(normalisers.dim() == 1 && normalisers.size(0) == R && normalisers.scalar_type() == at::kFloat &&
+                  normalisers.is_contiguous(),
+              "beam_advance: normalisers must be a contiguous (", R, ",) float32 tensor");
+  TORCH_CHECK(history.dim() == 2 && history.size(0) == R && history.scalar_type() == at::kLong &&
+                  history.is_contiguous(),
+              "beam_advance: history must be a contiguous (", R, ", L) int64 tensor");
+  TORCH_CHECK(beam >= 1 && size >= beam, "beam_advance: need 1 <= beam <= size, got beam=", beam, ", size=", size);
+  const int64_t N = scores.size(0), width = scores.size(1), M = width * k, L = history.size(1);
+  const int64_t kept = std::min(size, M);
+  auto opts = values.options();
+  auto long_opts = opts.dtype(at::kLong);
+  auto cand_scores = torch::empty({N, size}, opts);
+  auto cand_tokens = torch::empty({N, size}, long_opts);
+  auto cand_beams = torch::empty({N, size}, long_opts);
+  auto new_scores = torch::empty({N, beam}, opts);
+  auto source_rows = torch::empty({N * beam}, long_opts);
+  auto tokens_in = torch::empty({N * beam, 1}, long_opts);
+  auto new_history = torch::empty({N * beam, L + 1}, long_opts);
+  const float* vd = values.data_ptr<float>();
+  const int64_t* td = tokens.data_ptr<int64_t>();
+  const float* nd = normalisers.data_ptr<float>();
+  const float* sd = scores.data_ptr<float>();
+  const int64_t* hd = history.data_ptr<int64_t>();
+  float* cs = cand_scores.data_ptr<float>();
+  int64_t* ct = cand_tokens.data_ptr<int64_t>();
+  int64_t* cb = cand_beams.data_ptr<int64_t>();
+  float* ns = new_scores.data_ptr<float>();
+  int64_t* sr = source_rows.data_ptr<int64_t>();
+  int64_t* ti = tokens_in.data_ptr<int64_t>();
+  int64_t* nh = new_history.data_ptr<int64_t>();
+  bool finish = false, dead = false;
+  std::vector<float> total(M);
+  std::vector<int64_t> order(M), pick(beam);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t b = 0; b < width; ++b) {
+      const int64_t r = n * width + b;
+      for (int64_t j = 0; j < k; ++j) total[b * k + j] = (vd[r * k + j] - nd[r]) + sd[r];
+    }
+    for (int64_t i = 0; i < M; ++i) order[i] = i;
+    // largest first (NaN above every number, as torch.topk ranks it), the smaller index first among equals
+    std::partial_sort(order.begin(), order.begin() + kept, order.end(), [&](int64_t a, int64_t b) {
+      const float x = total[a], y = total[b];
+      if (x != x || y != y) return (x != x) && (y == y || a < b);
+      return x > y || (x == y && a < b);
+    });
+    float* row_scores = cs + n * size;
+    int64_t* row_tokens = ct + n * size;
+    int64_t* row_beams = cb + n * size;
+    for (int64_t i = 0; i < kept; ++i) {
+      const int64_t c = order[i], b = c / k;
+      row_scores[i] = total[c];
+      row_tokens[i] = td[(n * width + b) * k + c % k];
+      row_beams[i] = b;
+    }
+    for (int64_t i = kept; i < size; ++i) {  // fewer candidates than asked for: invalid ones
+      row_scores[i] = kNegInf;
+      row_tokens[i] = 0;
+      row_beams[i] = 0;
+    }
+    for (int64_t i = 0; i < beam; ++i)
+      finish = finish || (row_tokens[i] == eos && std::isfinite(row_scores[i]));
+    // the survivors: the candidates that do not end with EOS in score order, then the EOS ones
+    int64_t picked = 0;
+    for (int pass = 0; pass < 2 && picked < beam; ++pass)
+      for (int64_t i = 0; i < size && picked < beam; ++i)
+        if ((row_tokens[i] == eos) == (pass == 1)) pick[picked++] = i;
+    for (int64_t p = 0; p < beam; ++p) {
+      const int64_t i = pick[p], row = n * beam + p, from = n * width + row_beams[i];
+      ns[row] = row_scores[i];
+      sr[row] = from;
+      ti[row] = row_tokens[i];
+      std::memcpy(nh + row * (L + 1), hd + from * L, L * sizeof(int64_t));
+      nh[row * (L + 1) + L] = row_tokens[i];
+    }
+    dead = dead || ns[n * beam] == kNegInf;
+  }
+  return {{cand_scores, cand_tokens, cand_beams, new_scores, source_rows, tokens_in, new_history}, finish, dead};
+}
+
 // layer_norm: torch.layer_norm over the last dimension of a (R, D) float32 CPU tensor with dense rows, for the
 // decoding step's norms (a few per layer per step, on a few hundred rows): ATen's kernel spent about 9 us a call
 // on (128, 128) in a Multi30k beam search, most of it fixed cost. Mean, then the biased variance from the row
@@ -593,6 +698,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("weights"), pybind11::arg("eps"), pybind11::arg("past"), pybind11::arg("order"),
         pybind11::arg("cross_k"), pybind11::arg("cross_v"), pybind11::arg("memory_mask"), pybind11::arg("heads"),
         pybind11::arg("group"), pybind11::arg("pre_norm"), pybind11::arg("scale"), release());
+  m.def("beam_advance", &beam_advance, "a beam step's candidates and survivors from each row's best logits",
+        pybind11::arg("values"), pybind11::arg("tokens"), pybind11::arg("normalisers"), pybind11::arg("scores"),
+        pybind11::arg("history"), pybind11::arg("size"), pybind11::arg("beam"), pybind11::arg("eos"), release());
   m.def("logsumexp", &logsumexp, "log(sum(exp(x))) of each row", pybind11::arg("x"), release());
   m.def("row_topk", &row_topk, "the k largest values of each row and their indices", pybind11::arg("x"),
         pybind11::arg("k"), release());
