@@ -14,8 +14,8 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   (``model/csrc``, built on first use by ``model/kernels.py``): decoding attention and the step's layer norm
   (``model/step.py``), inference attention in the layers, dropout and the post-norm residual in training
   (``model/fused.py``: ``attend``, ``dropout``, ``add_norm``), the beam and greedy candidates from the logits
-  (``search/candidates.py``: ``beam_candidates``, ``RowCandidates``), the fused loss (``loss.py``) and the int8
-  product (``model/quantize.py``).
+  (``search/candidates.py``: ``beam_row_tops``, ``RowCandidates``; ``search/beam.py``: ``advance``), the fused loss
+  (``loss.py``) and the int8 product (``model/quantize.py``).
   Fallback: PyTorch's operations (the same results; dropout the same masks), also wherever the build fails (a
   warning says why) and for tensors the kernels do not take (not float32, or not on the CPU).
 - ``step_function``: a decoding step as one function over the weights (``model/step.py``). Fallback: the

@@ -7,11 +7,11 @@ beam). EOS candidates ranked within the top ``beam`` become finished hypotheses;
 stay live. After every selection the cache is re-indexed with the beam each survivor came from; a sentence is done,
 and dropped from the batch (cache and memory rows included), when no live hypothesis can beat its finished ones.
 
-A step takes its candidates in one call, :func:`transduce.search.candidates.beam_candidates`: ``beam_step`` over the
-next token's log-probabilities with the rules on the next token applied, computed from the logits through
-transduce's kernels where they apply; where the kernels give each row's best logits, :func:`advance` takes the
-candidates and the survivors from them in one more kernel call (``beam_advance``), the same selection as PyTorch's
-operations make.
+A step's candidates are ``beam_step`` over the next token's log-probabilities with the rules on the next token
+applied: through transduce's kernels where they apply, each row's best logits
+(:func:`transduce.search.candidates.beam_row_tops`), from which :func:`advance` takes the candidates and the
+survivors in one more kernel call (``beam_advance``); elsewhere PyTorch's operations
+(:func:`transduce.search.candidates.candidates_from_log_probs`), the same selection.
 
 Two things keep the work per step down. The first step decodes one row per sentence (all beams would start from
 the same BOS), then each row becomes ``beam`` rows. And the beams of a sentence share one row of cross-attention
@@ -29,8 +29,8 @@ from torch import Tensor
 from transduce.model import kernels
 from transduce.search.candidates import (
     RowCandidates,
-    beam_candidates,
     beam_row_tops,
+    candidates_from_log_probs,
     candidates_from_row_tops,
     top_candidates,
 )
@@ -236,7 +236,7 @@ def beam_search(
                 logits, _ = model.decode(torch.cat([bos[: history.shape[0]], history], dim=1), memory, None)
             tops = beam_row_tops(logits, scores, 2 * beam, step, limits, one_pass, constraint)
             if tops is None:
-                candidates = beam_candidates(logits, scores, 2 * beam, step, limits, one_pass, constraint)
+                candidates = candidates_from_log_probs(logits, scores, 2 * beam, step, limits, constraint)
         # the best `beam` non-EOS candidates stay live (EOS candidates are pushed behind every other one)
         last_history = history
         candidates, scores, source_rows, tokens_in, history, finish, dead = advance(

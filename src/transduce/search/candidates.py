@@ -2,8 +2,9 @@
 next token applied, and the best extensions of each sentence's hypotheses, through transduce's kernels
 (:mod:`transduce.model.kernels`) where they apply and PyTorch's operations elsewhere, the same candidates either way.
 
-- :func:`beam_candidates`: beam search's one call per step, :func:`transduce.search.beam.beam_step` of the masked
-  log-softmax of the logits.
+- :func:`beam_row_tops`: beam search's candidates from the kernels, each row's best masked logits and its
+  normaliser (:func:`candidates_from_row_tops` or the ``beam_advance`` kernel take the candidates from them);
+  :func:`candidates_from_log_probs` the same candidates with PyTorch's operations.
 - :class:`RowCandidates`: each row's normaliser and best logits in one kernel pass, for beam search and greedy
   search at the steps where every row masks the same tokens.
 - :func:`top_candidates`: the top-k over beam x V that the PyTorch path ends with (and ``beam_step``).
@@ -34,37 +35,6 @@ from transduce.search.common import (
 from transduce.search.constraints import SearchConstraint
 
 
-def beam_candidates(
-    logits: Tensor,
-    scores: Tensor,
-    size: int,
-    step: int,
-    limits: dict[str, Any],
-    one_pass: RowCandidates,
-    constraint: SearchConstraint | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The best ``size`` one-token extensions of each sentence's hypotheses: ``beam_step(log_probs, scores, size)``
-    where ``log_probs`` is the log-softmax of the last position of ``logits`` (rows, T, V), masked by
-    :func:`constrain` (``limits``: its keywords) and by ``constraint``, and ``scores`` (N, width) are the live
-    hypotheses' cumulative log-probabilities (-inf for empty beam slots), ``width`` rows per sentence.
-
-    Through the kernels (float32 CPU logits with dense rows): each row's best logits (:func:`beam_row_tops`), then
-    :func:`candidates_from_row_tops`. Elsewhere PyTorch's operations: the log-softmax written in place, the masks,
-    the scores added in place (beam_step's sum, without another (N, width, V) tensor) and :func:`top_candidates`.
-    The same candidates up to float rounding and the order of equal scores; the logits are overwritten.
-
-    Returns:
-        ``(scores, tokens, beams)``, each (N, size), as :func:`~transduce.search.beam.beam_step` returns them.
-    """
-    tops = beam_row_tops(logits, scores, size, step, limits, one_pass, constraint)
-    if tops is not None:
-        return candidates_from_row_tops(*tops, scores, size)
-    log_probs = next_token_log_probs(logits)
-    _mask_next_tokens(log_probs, scores, step, limits, constraint)
-    total = log_probs.view(*scores.shape, -1).add_(scores[:, :, None])  # beam_step's sum, in place
-    return top_candidates(total, size)
-
-
 def beam_row_tops(
     logits: Tensor,
     scores: Tensor,
@@ -74,13 +44,17 @@ def beam_row_tops(
     one_pass: RowCandidates,
     constraint: SearchConstraint | None = None,
 ) -> tuple[Tensor, Tensor, Tensor] | None:
-    """What :func:`beam_candidates` takes its candidates from where the kernels apply (float32 CPU logits with dense
-    rows): the ``min(size, V)`` largest masked logits of each row of the last position of ``logits`` and their
-    tokens, largest first, and each row's normaliser (the logsumexp of the model's logits, before the masks), as
-    ``(values, tokens, normalisers)``; None elsewhere. ``one_pass`` (:class:`RowCandidates`, made once per search)
-    where every row masks the same tokens and there is no constraint (the usual step); else each row's normaliser
-    (:func:`transduce.model.kernels.logsumexp`), the masks on the logits and :func:`transduce.model.kernels.
-    row_topk`. The logits are overwritten."""
+    """What a beam step takes its candidates from where the kernels apply (float32 CPU logits with dense rows): the
+    ``min(size, V)`` largest logits of each row of the last position of ``logits`` (rows, T, V), masked by
+    :func:`constrain` (``limits``: its keywords) and by ``constraint``, and their tokens, largest first, and each
+    row's normaliser (the logsumexp of the model's logits, before the masks), as ``(values, tokens, normalisers)``;
+    ``scores`` (N, width) are the live hypotheses' cumulative log-probabilities (-inf for empty beam slots), ``width``
+    rows per sentence. Within a row the log-probability is ``logit - normaliser``, a shift that keeps the row's
+    order, so a sentence's best candidates are among its rows' best logits (:func:`candidates_from_row_tops`,
+    ``beam_advance``). ``one_pass`` (:class:`RowCandidates`, made once per search) where every row masks the same
+    tokens and there is no constraint (the usual step); else each row's normaliser (:func:`transduce.model.kernels.
+    logsumexp`), the masks on the logits and :func:`transduce.model.kernels.row_topk`. The logits are overwritten.
+    None where the kernels do not apply: then :func:`candidates_from_log_probs`."""
     last = logits[:, -1]  # (rows, V)
     found = one_pass(last, size, step, limits) if constraint is None else None
     if found is not None:
@@ -92,6 +66,19 @@ def beam_row_tops(
         values, tokens = kernels.row_topk(last, min(size, last.shape[1]))  # (N * beam, k), largest first
         return values, tokens, normaliser
     return None
+
+
+def candidates_from_log_probs(
+    logits: Tensor, scores: Tensor, size: int, step: int, limits: dict[str, Any], constraint: SearchConstraint | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`~transduce.search.beam.beam_step` over the masked log-softmax of the last position of ``logits`` with
+    PyTorch's operations (where :func:`beam_row_tops` does not apply): the log-softmax written in place, the masks,
+    the scores added in place (beam_step's sum, without another (N, width, V) tensor) and :func:`top_candidates`.
+    The same candidates as the kernels' paths up to float rounding and the order of equal scores."""
+    log_probs = next_token_log_probs(logits)
+    _mask_next_tokens(log_probs, scores, step, limits, constraint)
+    total = log_probs.view(*scores.shape, -1).add_(scores[:, :, None])  # beam_step's sum, in place
+    return top_candidates(total, size)
 
 
 def _mask_next_tokens(
