@@ -97,7 +97,7 @@ def advance(
         candidates = candidates_from_row_tops(*tops, scores, size)
     cand_scores, cand_tokens, cand_beams = candidates
     cand_eos = cand_tokens.eq(eos)
-    finish = bool((cand_eos[:, :beam] & torch.isfinite(cand_scores[:, :beam])).any())
+    finish = bool(to_finish(candidates, beam, eos).any())
     m, width = scores.shape
     offsets = torch.arange(size, device=scores.device)
     rank = torch.where(cand_eos, offsets + size, offsets)  # EOS candidates pushed behind every other one
@@ -107,6 +107,13 @@ def advance(
     tokens_in = cand_tokens.gather(1, pick).view(-1, 1)
     history = torch.cat([history.index_select(0, source_rows), tokens_in], dim=1)
     return candidates, scores, source_rows, tokens_in, history, finish, None
+
+
+def to_finish(candidates: tuple[Tensor, Tensor, Tensor], beam: int, eos: int) -> Tensor:
+    """(N, beam) bool: the EOS candidates with a finite score among each sentence's first ``beam``, the hypotheses a
+    step finishes."""
+    cand_scores, cand_tokens, _ = candidates
+    return cand_tokens[:, :beam].eq(eos) & torch.isfinite(cand_scores[:, :beam])
 
 
 def reorder_beams(cache: Any, index: Tensor) -> Any:
@@ -242,12 +249,11 @@ def beam_search(
         candidates, scores, source_rows, tokens_in, history, finish, dead = advance(
             candidates, tops, scores, history, beam, cfg.eos_id
         )  # fmt: skip
-        cand_scores, cand_tokens, cand_beams = candidates
+        cand_scores, _, cand_beams = candidates
 
         # EOS candidates within the top `beam` (and valid) become finished hypotheses
         if finish:  # (read into Python lists at once: an element read per hypothesis costs)
-            finalize = cand_tokens[:, :beam].eq(cfg.eos_id) & torch.isfinite(cand_scores[:, :beam])
-            idx = finalize.nonzero().tolist()
+            idx = to_finish(candidates, beam, cfg.eos_id).nonzero().tolist()
             sents, beams, lps = alive.tolist(), cand_beams.tolist(), cand_scores.tolist()
             rows = torch.tensor([i * width + beams[i][r] for i, r in idx], device=device)
             prefixes = last_history.index_select(0, rows).tolist()
