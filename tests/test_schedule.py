@@ -4,6 +4,7 @@ import itertools
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -290,3 +291,40 @@ def test_fine_tuning_peaks_at_peak_lr_and_a_short_run_warns_of_its_warmup(data, 
     short = tmp_path / "short"
     train(toy_config(corpus, short, prepared, max_steps=3, valid_every=0, valid_bleu=False))  # toy: warmup 10
     assert "train.warmup_steps=10 is longer than the run (train.max_steps=3)" in (short / "train.log").read_text()
+
+
+def test_cosine_warmup_by_time_ends_at_the_same_share_of_the_budget_on_a_slower_machine():
+    cfg = TrainConfig(schedule="cosine", peak_lr=5e-3, warmup_steps=2000, max_steps=7000, max_minutes=80,
+                      decay_by="time", warmup_by="time")  # fmt: skip
+    by_steps = replace(cfg, warmup_by="steps")
+    # a quarter of the budget at update 500: the time's fraction of the warmup share (0.25 / (2000/7000) = 0.875)
+    assert learning_rate(500, cfg, 256, time_share=0.25) == pytest.approx(5e-3 * 0.875)
+    assert learning_rate(500, by_steps, 256, time_share=0.25) == pytest.approx(5e-3 * 0.25)
+    # 1,000 updates in 30% of the budget: the pace fits 3,333.3, whose 2/7 (952.4) is where the decay starts
+    fit = 1000 / 0.3
+    start = 2000 * fit / 7000
+    expected = 2.5e-3 * (1 + math.cos(math.pi * (1001 - start) / (fit - start)))
+    assert learning_rate(1001, cfg, 256, time_share=0.3) == pytest.approx(expected)
+    assert learning_rate(1001, by_steps, 256, time_share=0.3) == pytest.approx(5e-3 * 1001 / 2000)
+    assert learning_rate(3334, cfg, 256, time_share=1.0) == 0.0  # the budget is spent: min_lr
+    # a machine that fits all 7,000 updates: the schedule counted in updates, as with warmup_by steps
+    for step, share in ((1001, 0.1), (2000, 0.2), (4000, 0.5)):
+        assert learning_rate(step, cfg, 256, time_share=share) == learning_rate(step, by_steps, 256, time_share=share)
+    assert learning_rate(1, cfg, 256) == pytest.approx(5e-3 / 2000)  # no time measured yet: by updates
+    # the rate rises steadily to the peak however the pace varies from one update to the next (a slow first update,
+    # then updates of 0.1 to 3 time units: time only grows)
+    seconds = np.cumsum(np.r_[200.0, np.random.default_rng(0).uniform(0.1, 3.0, 3000)])
+    shares = seconds / (seconds[-1] * 1.2)
+    rates = [learning_rate(s, cfg, 256, time_share=shares[s - 2]) for s in range(2, 3000)]
+    top = int(np.argmax(rates))
+    assert 100 < top < 2000 and rates[top] > 0.999 * 5e-3
+    assert all(b >= a for a, b in itertools.pairwise(rates[: top + 1]))
+    assert all(b <= a * 1.0001 for a, b in itertools.pairwise(rates[top:]))  # then it decays
+
+
+def test_warmup_by_time_needs_decay_by_time():
+    message = r"^warmup_by: time scales the warmup with the updates that fit into max_minutes, so it needs decay_by: "
+    with pytest.raises(ConfigError, match=message + r"time \(got decay_by 'steps'\)$"):
+        TrainConfig(schedule="cosine", max_steps=5000, warmup_steps=100, max_minutes=60, warmup_by="time")
+    with pytest.raises(ConfigError, match=r"warmup_by: 'wall' is not one of 'steps', 'time'"):
+        TrainConfig(warmup_by="wall")

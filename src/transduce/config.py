@@ -477,6 +477,10 @@ class TrainConfig(_Section):
     # the rate reaches min_lr when the first of the two limits ends (a wall-time budget on a slower or shared machine)
     decay_by: str = "steps"
     warmup_steps: int = 4000  # warmup_steps (paper: 4000)
+    # with decay_by time: what the warmup is counted in. steps: warmup_steps updates wherever the run goes. time:
+    # it also ends at the share warmup_steps / max_steps of max_minutes (the first of the two), so that a slower
+    # machine keeps the schedule's shape instead of spending its budget warming up
+    warmup_by: str = "steps"
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -552,6 +556,10 @@ class TrainConfig(_Section):
             raise ConfigError(f"decay_by: time decays the cosine schedule within train.max_minutes, so it needs "
                               f"schedule: cosine and max_minutes > 0 (got schedule {self.schedule!r}, "
                               f"max_minutes {self.max_minutes:g})")  # fmt: skip
+        _check_choice("warmup_by", self.warmup_by, ("steps", "time"))
+        if self.warmup_by == "time" and self.decay_by != "time":
+            raise ConfigError(f"warmup_by: time scales the warmup with the updates that fit into max_minutes, so it "
+                              f"needs decay_by: time (got decay_by {self.decay_by!r})")  # fmt: skip
         if not self.init_from:
             for name in ("init_optimizer", "extend_vocab"):
                 if getattr(self, name):

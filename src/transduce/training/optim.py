@@ -17,6 +17,12 @@ a share ``t`` of the budget, the run's pace so far fits ``n / t`` updates into t
 decays towards ``min(max_steps, n / t)`` instead of ``max_steps``. The rate is then continuous at the end of
 warmup and reaches ``min_lr`` when the budget ends, on a machine of any speed; the curve depends on the wall clock,
 so such a run is not reproducible to the bit (the time share is carried in the checkpoint and agreed between ranks).
+``warmup_by: time`` makes the warmup follow the budget too: it ends at ``warmup_steps`` updates or at the share
+``warmup_steps / max_steps`` of ``max_minutes``, whichever comes first (the rate is ``peak_lr`` times the larger of
+the two fractions), and the cosine then decays from ``warmup_steps · min(1, (n / t) / max_steps)``, where the pace
+puts that share. A machine that fits a third of ``max_steps`` thus warms up for a third of ``warmup_steps`` and keeps
+the schedule's shape; with the warmup counted in updates it would spend most of its budget warming up (or all of
+it, never decaying).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int, time_share: float =
 
     Args:
         step: the update about to be applied, >= 1.
-        cfg: schedule, lr_scale, peak_lr, min_lr, warmup_steps, max_steps and decay_by.
+        cfg: schedule, lr_scale, peak_lr, min_lr, warmup_steps, max_steps, decay_by and warmup_by.
         d_model: the model width (the noam schedule scales with d_model^-0.5).
         time_share: with ``decay_by: time``, the share of ``max_minutes`` the ``step - 1`` updates before this one
             took (0: none measured yet).
@@ -45,12 +51,21 @@ def learning_rate(step: int, cfg: TrainConfig, d_model: int, time_share: float =
     if cfg.schedule == "inverse_sqrt":
         return cfg.peak_lr * min(step / warmup, math.sqrt(warmup / step))
     if cfg.schedule == "cosine":
-        if step <= warmup:
-            return cfg.peak_lr * step / warmup
         end = cfg.max_steps
         if cfg.decay_by == "time" and time_share > 0:
-            end = max(step, min(end, (step - 1) / time_share))  # the updates this pace fits into the budget
-        progress = 1.0 if end <= warmup else min(1.0, (step - warmup) / (end - warmup))
+            fit = (step - 1) / time_share  # the updates this pace fits into the budget
+            if cfg.warmup_by == "time":
+                # warm up until warmup_steps updates or the share warmup_steps / max_steps of the time, the first to
+                # come (time only grows: the rate rises steadily however noisy the pace); decay from where the
+                # pace puts that share
+                warm = max(step / warmup, time_share * cfg.max_steps / warmup)
+                if warm < 1.0:
+                    return cfg.peak_lr * warm
+                warmup = min(warmup, warmup * fit / cfg.max_steps)
+            end = max(step, min(end, fit))
+        if step <= warmup:
+            return cfg.peak_lr * step / warmup
+        progress = 1.0 if end <= warmup else min(1.0, max(0.0, step - warmup) / (end - warmup))
         return cfg.min_lr + (cfg.peak_lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress)) / 2.0
     return cfg.peak_lr  # constant
 
