@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transduce.config import ConfigError, TrainConfig
-from transduce.training.optim import build_optimizer, learning_rate
+from transduce.training.optim import build_optimizer, describe_schedule, learning_rate
 
 
 @pytest.mark.parametrize("step", [1, 2, 100, 3999, 4000, 4001, 10_000, 100_000])
@@ -328,3 +328,16 @@ def test_warmup_by_time_needs_decay_by_time():
         TrainConfig(schedule="cosine", max_steps=5000, warmup_steps=100, max_minutes=60, warmup_by="time")
     with pytest.raises(ConfigError, match=r"warmup_by: 'wall' is not one of 'steps', 'time'"):
         TrainConfig(warmup_by="wall")
+
+
+def test_the_log_says_where_a_time_budgeted_cosine_peaks_and_ends():
+    cfg = TrainConfig(schedule="cosine", peak_lr=5e-3, warmup_steps=2000, max_steps=7000, max_minutes=80,
+                      decay_by="time")  # fmt: skip
+    assert describe_schedule(cfg, 256) == (
+        "cosine: rising to train.peak_lr=0.005 at update 2000, then half a cosine "
+        "down to train.min_lr=0 at update 7000 or when train.max_minutes ends"
+    )
+    assert describe_schedule(replace(cfg, warmup_by="time"), 256) == (
+        "cosine: rising to train.peak_lr=0.005 at update 2000 or after 22.86 of the 80 minutes (the first to come), "
+        "then half a cosine down to train.min_lr=0 at update 7000 or when train.max_minutes ends"
+    )

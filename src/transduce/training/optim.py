@@ -165,4 +165,8 @@ def describe_schedule(cfg: TrainConfig, d_model: int) -> str:
         name, then = "cosine", f"half a cosine down to train.min_lr={cfg.min_lr:g} at update {cfg.max_steps}"
         if cfg.decay_by == "time":
             then += " or when train.max_minutes ends"
-    return f"{name}: rising to train.peak_lr={cfg.peak_lr:g} at update {warmup}, then {then}"
+    at = f"update {warmup}"
+    if cfg.schedule == "cosine" and cfg.warmup_by == "time":
+        share = cfg.max_minutes * warmup / cfg.max_steps
+        at += f" or after {share:.4g} of the {cfg.max_minutes:g} minutes (the first to come)"
+    return f"{name}: rising to train.peak_lr={cfg.peak_lr:g} at {at}, then {then}"
