@@ -1,34 +1,47 @@
-"""Choose a Multi30k run's final model and decoding settings on the validation set, then score the test sets once.
+"""Choose a Multi30k run's (or ensemble's) final model and decoding settings on the validation set, then score the
+test sets once.
 
     python benchmarks/multi30k_select.py runs/multi30k_en_de                       # last 5 and last 10 averaged
     python benchmarks/multi30k_select.py RUN --average 5,10,15 --beams 4,6 --alphas 0.6,1.0,1.4
     python benchmarks/multi30k_select.py RUN --average 3,5,8,12 --norms gnmt,length   # both length penalty forms
+    python benchmarks/multi30k_select.py RUN1 RUN2 --average 3,6,12 --beams 5 --alphas 1.0,1.2,1.5,2.0 \\
+        --metric bleu --test ../shared/data/multi30k/test_2016_flickr              # two runs as an ensemble
 
-1. Candidates: the run's newest checkpoint and, for each N of ``--average``, the mean of its N newest checkpoints
-   (written to ``RUN/average_lastN`` as ``transduce average --model RUN --last N`` does). Each is translated on the
-   validation set with the run's decoding settings.
-2. The candidate with the best validation BLEU in the literature's convention (lowercased, Moses-tokenised) is
-   decoded on the validation set again for every beam size x length penalty (x penalty form, ``--norms``).
-3. The winning model and settings translate the validation and test sets once, through ``transduce report
-   --evaluate`` (``RUN/eval/scores.json``: both BLEU conventions with signatures).
+1. Candidates, for each run: its newest checkpoint and, for each N of ``--average``, the mean of its N newest
+   checkpoints (written to ``RUN/average_lastN`` as ``transduce average --model RUN --last N`` does). Each is
+   translated on the validation set with the run's decoding settings, and the best (``--metric``: sacreBLEU cased,
+   ``bleu``, or the literature's lowercased, Moses-tokenised ``bleu_lc_tok``) is the run's model.
+2. The chosen model, or with several runs the ensemble of their chosen models (the mean of their probabilities, as
+   ``transduce evaluate --model A --model B`` translates), is decoded on the validation set again for every beam
+   size x length penalty (x penalty form, ``--norms``).
+3. The winning model and settings translate the validation set and the test sets once (the runs' own
+   ``data.test``, or ``--test``): one run through ``transduce report --evaluate`` (``RUN/eval/scores.json``); an
+   ensemble into ``--out`` (default ``RUN1/eval_ensemble``), with each member scored beside it on the same sets and
+   settings (the best single model is reported beside an ensemble).
 
-Nothing here looks at the test set before step 3. Prints markdown tables for ``docs/multi30k.md``.
+Nothing here looks at the test set before step 3. Ties go to the simpler choice (the newest checkpoint, the run's own
+decoding settings). Prints markdown tables for ``docs/multi30k.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness import add_common_args, apply_common_args, machine, table
 from transduce.config import Config
-from transduce.search.evaluate import score_tokenized_lowercase
+from transduce.data.corpus import read_corpus, resolve_corpus, split_name
+from transduce.search.evaluate import score, score_tokenized_lowercase
 from transduce.search.translator import Translator
-from transduce.text.textio import read_lines, resolve_corpus_file
+from transduce.text.textio import write_lines
 from transduce.training import checkpoint as ckpt
 from transduce.training.report import evaluate_run
+
+METRICS = ("bleu", "bleu_lc_tok")
 
 
 def floats(text: str) -> list[float]:
@@ -43,9 +56,54 @@ def names(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
+def best(scored: Sequence[tuple[float, object]]) -> object:
+    """The item of the highest score; the first of equal ones (candidates come simplest first)."""
+    return max(enumerate(scored), key=lambda e: (e[1][0], -e[0]))[1][1]
+
+
+def scores(hypotheses: list[str], references: list[str], lang: str) -> dict[str, float | str]:
+    """Both conventions and chrF, with signatures."""
+    lc = score_tokenized_lowercase(hypotheses, references, lang)
+    return {**score(hypotheses, references).to_dict(), "bleu_lc_tok": lc.bleu_lc_tok,
+            "bleu_lc_tok_signature": lc.signature}  # fmt: skip
+
+
+def eval_sets(cfg: Config, tests: list[str] | None) -> list[tuple[str, list[str], list[str]]]:
+    """(name, sources, references) of the validation set and the test sets (``tests``, else the config's)."""
+    d = cfg.data
+    fields = (d.src_field, d.tgt_field)
+    out = []
+    for i, spec in enumerate([d.valid, *(d.test if tests is None else tests)]):
+        corpus = resolve_corpus(spec, d.src_lang, d.tgt_lang, fields)
+        out.append(("valid" if i == 0 else split_name(spec, corpus), *read_corpus(corpus)))
+    return out
+
+
+def choose_member(run: Path, average: list[int], val_score: Callable[[Path], float]) -> tuple[str, Path]:
+    """The run's newest checkpoint or one of the averages of its newest ones, whichever scores best on validation."""
+    found = ckpt.list_checkpoints(run)
+    candidates: list[tuple[str, Path]] = [(f"last ({found[-1].name})", found[-1])]
+    for n in average:
+        if n > len(found):
+            print(f"{run}: skipping the average of {n}: the run has {len(found)} checkpoints")
+            continue
+        out = run / f"average_last{n}"
+        model, config, vocab_dir = ckpt.average_checkpoints(found[-n:])
+        ckpt.save_model(out, model, config, vocab_dir)
+        candidates.append((f"average of the last {n} ({found[-n].name} .. {found[-1].name})", out))
+    scored, cells = [], []
+    for name, path in candidates:
+        t0 = time.perf_counter()
+        value = val_score(path)
+        scored.append((value, (name, path)))
+        cells.append((name, f"{value:.2f}", f"{time.perf_counter() - t0:.0f}"))
+    print(f"\n{run}:\n\n" + table(("model", "val BLEU", "seconds"), cells))
+    return best(scored)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="training run directory")
+    ap.add_argument("runs", type=Path, nargs="+", help="training run directories (several: their ensemble)")
     ap.add_argument("--average", type=ints, default=[5, 10], help="N of the averages of the N newest checkpoints")
     ap.add_argument("--beams", type=ints, default=[4, 5])
     ap.add_argument("--alphas", type=floats, default=[0.6, 1.0])
@@ -53,70 +111,85 @@ def main() -> None:
         "--norms", type=names, default=None,
         help="length penalty forms to try: gnmt, length (DecodeConfig.length_norm; default: the run's)",
     )  # fmt: skip
+    ap.add_argument(
+        "--metric", choices=METRICS, default="bleu_lc_tok",
+        help="what the choices maximise on validation (default: lowercased, Moses-tokenised BLEU)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--test", action="append", default=None, metavar="CORPUS",
+        help="a test corpus as data.test names one (repeatable; default: the first run's data.test)",
+    )  # fmt: skip
+    ap.add_argument("--precision", default="fp32", help="the decoders' precision (auto, fp32, bf16)")
+    ap.add_argument("--out", type=Path, default=None, help="an ensemble's output folder (default RUN1/eval_ensemble)")
     add_common_args(ap, reps=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     apply_common_args(args)
     print(machine())
 
-    cfg = Config.load(args.run / "config.yaml")
+    cfg = Config.load(args.runs[0] / "config.yaml")
     if not cfg.data.valid:
-        raise SystemExit(f"{args.run / 'config.yaml'}: no data.valid set to choose on")
+        raise SystemExit(f"{args.runs[0] / 'config.yaml'}: no data.valid set to choose on")
     lang = cfg.data.tgt_lang
-    sources = [t for _, t in read_lines(resolve_corpus_file(cfg.data.valid, cfg.data.src_lang))]
-    references = [t for _, t in read_lines(resolve_corpus_file(cfg.data.valid, lang))]
+    sets = eval_sets(cfg, args.test)
+    _, sources, references = sets[0]
 
-    def val_bleu(model_path: Path, **decode) -> float:
-        translator = Translator.load(model_path, decode=cfg.decode.replace(**decode))
-        return score_tokenized_lowercase(translator.translate(sources), references, lang).bleu_lc_tok
+    def val_score(models: Path | list[Path], **decode) -> float:
+        translator = Translator.load(models, decode=cfg.decode.replace(**decode), precision=args.precision)
+        return float(scores(translator.translate(sources), references, lang)[args.metric])
 
-    found = ckpt.list_checkpoints(args.run)
-    candidates: list[tuple[str, Path]] = [(f"last ({found[-1].name})", found[-1])]
-    for n in args.average:
-        if n > len(found):
-            print(f"skipping the average of {n}: the run has {len(found)} checkpoints")
-            continue
-        out = args.run / f"average_last{n}"
-        model, config, vocab_dir = ckpt.average_checkpoints(found[-n:])
-        ckpt.save_model(out, model, config, vocab_dir)
-        candidates.append((f"average of the last {n} ({found[-n].name} .. {found[-1].name})", out))
+    print(f"\nValidation {args.metric} of each run's candidates, its own decoding settings:")
+    chosen = [choose_member(run, args.average, val_score) for run in args.runs]
+    paths = [path for _, path in chosen]
+    model = paths[0] if len(paths) == 1 else paths
+    what = chosen[0][0] if len(paths) == 1 else "the ensemble of " + " + ".join(f"{r} {n}" for r, (n, _) in
+                                                                               zip(args.runs, chosen))  # fmt: skip
 
     beam0, alpha0, norm0 = cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.length_norm
     norms = args.norms or [norm0]
-    print(f"\nValidation BLEU (lowercased, Moses-tokenised), beam {beam0}, alpha {alpha0} ({norm0}):\n")
-    scored, cells = [], []
-    for name, path in candidates:
-        t0 = time.perf_counter()
-        bleu = val_bleu(path)
-        scored.append((bleu, name, path))
-        cells.append((name, f"{bleu:.2f}", f"{time.perf_counter() - t0:.0f}"))
-    print(table(("model", "val BLEU", "seconds"), cells))
-    best_bleu, best_name, best_path = max(scored, key=lambda s: s[0])  # the first (simplest) wins ties
-
-    print(f"\nDecoding grid on validation for {best_name}:\n")
-    grid, cells = {}, []
+    print(f"\nDecoding grid on validation ({args.metric}) for {what}:\n")
+    grid, cells = [], []
     own = (beam0, norm0, alpha0)
     for beam in args.beams:
         for norm in norms:
             row = []
             for alpha in args.alphas:
-                key = (beam, norm, alpha)
-                decode = dict(beam=beam, length_penalty=alpha, length_norm=norm)
-                bleu = best_bleu if key == own else val_bleu(best_path, **decode)
-                grid[key] = bleu
-                row.append(f"{bleu:.2f}")
+                value = val_score(model, beam=beam, length_penalty=alpha, length_norm=norm)
+                grid.append((value, (beam, norm, alpha)))
+                row.append(f"{value:.2f}")
             cells.append((beam, norm, *row))
     print(table(("beam", "penalty", *(f"alpha {a}" for a in args.alphas)), cells))
-    beam, norm, alpha = max(grid, key=lambda k: (grid[k], k == own))  # ties: the run's own settings
+    grid.sort(key=lambda g: g[1] != own)  # the run's own settings first: they win ties
+    beam, norm, alpha = best(grid)
+    decode = dict(beam=beam, length_penalty=alpha, length_norm=norm)
 
-    print(f"\nChosen: {best_name}, beam {beam}, alpha {alpha} ({norm}); scoring validation and test sets once:\n")
-    result = evaluate_run(args.run, model=best_path, beam=beam, length_penalty=alpha, length_norm=norm)
-    cells = [
-        (name, f"{s['bleu_lc_tok']:.2f}", f"{s['bleu']:.2f}", f"{s['chrf']:.2f}") for name, s in result["sets"].items()
-    ]
-    print(table(("set", "BLEU lowercased Moses-tokenised", "sacreBLEU cased", "chrF"), cells))
-    first = next(iter(result["sets"].values()))
-    print(f"\n{first['bleu_lc_tok_signature']}\n{first['bleu_signature']}\nwritten: {args.run / 'eval'}")
+    print(f"\nChosen: {what}, beam {beam}, alpha {alpha} ({norm}); scoring validation and test sets once:\n")
+    header = ("set", "BLEU lowercased Moses-tokenised", "sacreBLEU cased", "chrF")
+    if len(paths) == 1 and args.test is None:
+        result = evaluate_run(args.runs[0], model=paths[0], precision=args.precision, **decode)
+        rows = [(name, s) for name, s in result["sets"].items()]
+        written = args.runs[0] / "eval"
+    else:
+        written = args.out or args.runs[0] / ("eval_ensemble" if len(paths) > 1 else "eval")
+        written.mkdir(parents=True, exist_ok=True)
+        result, rows = {"models": [str(p) for p in paths], "decode": decode, "sets": {}}, []
+        members = [(f"member {p}", [p]) for p in paths] if len(paths) > 1 else []
+        for label, models in [("", paths), *members]:
+            translator = Translator.load(models if len(models) > 1 else models[0],
+                                         decode=cfg.decode.replace(**decode), precision=args.precision)  # fmt: skip
+            for name, srcs, refs in sets:
+                hypotheses = translator.translate(srcs)
+                s = scores(hypotheses, refs, lang)
+                if not label:
+                    write_lines(hypotheses, written / f"{name}.hyp.{lang}")
+                    result["sets"][name] = s
+                else:
+                    result.setdefault("members", {}).setdefault(str(models[0]), {})[name] = s
+                rows.append((f"{name} {label}".strip(), s))
+        (written / "scores.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(table(header, [(n, f"{s['bleu_lc_tok']:.2f}", f"{s['bleu']:.2f}", f"{s['chrf']:.2f}") for n, s in rows]))
+    first = rows[0][1]
+    print(f"\n{first['bleu_lc_tok_signature']}\n{first['bleu_signature']}\nwritten: {written}")
 
 
 if __name__ == "__main__":

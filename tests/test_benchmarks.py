@@ -107,3 +107,45 @@ def test_movie_reviews_reads_a_classifier_runs_best_accuracy_and_minutes(harness
     (tmp_path / "s3" / "train.log").write_text("still training\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="no 'finished' line"):
         movie_reviews.run_summary(tmp_path / "s3")
+
+
+def test_multi30k_select_breaks_ties_towards_the_first_candidate(harness):
+    select = importlib.import_module("multi30k_select")
+    assert select.best([(40.0, "last"), (40.5, "avg3"), (40.5, "avg6")]) == "avg3"
+    assert select.best([(41.0, "own"), (41.0, "other")]) == "own"
+
+
+@pytest.mark.slow
+def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members(harness, tmp_path, monkeypatch):
+    from trainkit import toy_config, write_corpus
+    from transduce.config import Config
+    from transduce.search.translator import Translator
+    from transduce.training.train import train
+
+    select = importlib.import_module("multi30k_select")
+    corpus = write_corpus(tmp_path / "corpus", n_train=200, n_valid=12)
+    for lang in ("en", "de"):  # a test set: the validation sentences reversed word by word
+        lines = (corpus / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
+        (corpus / f"test.{lang}").write_text("".join(" ".join(x.split()[::-1]) + "\n" for x in lines), encoding="utf-8")
+    runs = [tmp_path / f"s{seed}" for seed in (1, 2)]
+    for seed, run in zip((1, 2), runs, strict=True):
+        assert train(toy_config(corpus, run, seed=seed, max_steps=30, valid_every=10, log_every=10)).exit_code == 0
+    out = tmp_path / "ens"
+    argv = ["multi30k_select.py", *map(str, runs), "--average", "2", "--beams", "1,2", "--alphas", "1.0",
+            "--metric", "bleu", "--test", str(corpus / "test"), "--out", str(out), "--threads", "1"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    select.main()
+    result = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    models = [Path(m) for m in result["models"]]
+    assert [m.is_relative_to(run) for m, run in zip(models, runs, strict=True)] == [True, True]  # one per run
+    assert result["decode"]["beam"] in (1, 2) and list(result["sets"]) == ["valid", "test"]
+    assert set(result["members"]) == set(result["models"])
+    assert all(list(sets) == ["valid", "test"] for sets in result["members"].values())
+    # the ensemble's scores are those of its models translating together with the chosen settings
+    translator = Translator.load(models, decode=Config.load(runs[0] / "config.yaml").decode.replace(**result["decode"]))
+    for name in ("valid", "test"):
+        sources = (corpus / f"{name}.en").read_text(encoding="utf-8").splitlines()
+        references = (corpus / f"{name}.de").read_text(encoding="utf-8").splitlines()
+        hypotheses = translator.translate(sources)
+        assert (out / f"{name}.hyp.de").read_text(encoding="utf-8").splitlines() == hypotheses
+        assert result["sets"][name] == select.scores(hypotheses, references, "de")
