@@ -2,6 +2,7 @@
 wall-time checkpoints and limits, kill-and-resume, signals, the plain log line."""
 
 import io
+import logging
 import math
 import os
 import re
@@ -415,3 +416,35 @@ def test_decay_by_time_reaches_min_lr_when_the_time_budget_ends_and_resumes_on_t
     assert train(resume=half, overrides=["train.max_steps=1000"]).step == 16
     resumed = {e["step"]: e["lr"] for e in read_metrics(half / "metrics.jsonl", "train")}
     assert {s: resumed[s] for s in range(9, 17)} == pytest.approx({s: expected[s] for s in range(9, 17)}, abs=1e-12)
+
+
+def test_a_warmup_longer_than_the_time_budget_is_named_and_warmup_by_time_ends_it(data, tmp_path, monkeypatch, caplog):
+    clock = _Clock()
+    real = Trainer.train_step
+
+    def slow_step(self, batches, *rest):  # 30 s an update: 16 fit into 8 minutes, fewer than the 20 of the warmup
+        clock.now += 30.0
+        return real(self, batches, *rest)
+
+    monkeypatch.setattr(train_module, "time", clock)
+    monkeypatch.setattr(Trainer, "train_step", slow_step)
+    schedule = dict(schedule="cosine", peak_lr=1e-3, warmup_steps=20, max_minutes=8, decay_by="time", log_every=4,
+                    valid_every=0, keep_last=0, max_steps=40)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="transduce.training.train"):
+        assert train(_cfg(data, tmp_path / "steps", **schedule)).step == 16
+    warned = [r.getMessage() for r in caplog.records if "warmup_steps" in r.getMessage()]
+    assert warned == [
+        "at this pace (4 updates in 2.0 minutes) the 8 minutes of train.max_minutes fit about 16 updates, fewer than "
+        "train.warmup_steps=20: the learning rate would still be rising when the time runs out (train.warmup_by=time "
+        "ends the warmup at its share of the time as well)"
+    ]
+    lrs = [e["lr"] for e in read_metrics(tmp_path / "steps" / "metrics.jsonl", "train")]
+    assert lrs[-1] == pytest.approx(1e-3 * 16 / 20)  # still rising at the end
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="transduce.training.train"):
+        assert train(_cfg(data, tmp_path / "time", warmup_by="time", **schedule)).step == 16
+    assert not [r for r in caplog.records if "warmup_steps" in r.getMessage()]
+    lrs = [e["lr"] for e in read_metrics(tmp_path / "time" / "metrics.jsonl", "train")]
+    # the warmup's share of the time (20 of 40 updates: half of it) ends it after 8 updates; the pace fits 16, so
+    # the cosine runs from update 8 to 16 (logged every 4 updates)
+    assert lrs == pytest.approx([0.375e-3, 0.875e-3, 5e-4, 0.0], abs=1e-12)

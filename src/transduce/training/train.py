@@ -449,6 +449,7 @@ class _Run:
         interval_loss = interval_tokens = 0.0
         last_valid: ValidResult | None = None
         reason, validated_at = "max_steps", -1
+        warned_warmup = False
         if cfg.decay_by == "time":
             trainer.time_share = elapsed() / (60 * cfg.max_minutes)
         if self.dist.is_main:
@@ -496,6 +497,8 @@ class _Run:
                     clock = (elapsed(), 60 * cfg.max_minutes) if left < eta else None
                     eta = min(eta, left)
                 self.runlog.progress(step, self.state.epoch, loss, result.lr, rate, eta, clock=clock)
+                if not warned_warmup and self.dist.is_main:
+                    warned_warmup = self._warn_endless_warmup(step, trainer.time_share)
                 self.runlog.event("train", step, epoch=self.state.epoch, loss=loss, lr=result.lr, tokens_per_s=rate,
                                   grad_norm=result.grad_norm, skipped_total=trainer.nonfinite_total)  # fmt: skip
                 interval_loss = interval_tokens = 0.0
@@ -522,6 +525,21 @@ class _Run:
             self.save(elapsed_s=elapsed(), valid=last_valid)
         self.runlog.info("finished (%s) at step %d in %.1f min", reason, trainer.step, elapsed() / 60)
         return TrainOutcome(0, reason, trainer.step, self.run_dir, last_valid)
+
+    def _warn_endless_warmup(self, step: int, time_share: float) -> bool:
+        """Warn (once: returns True) when a cosine decaying by time will not even finish its warmup, counted in
+        updates, inside ``max_minutes`` at the pace so far: its rate would still be rising when the time runs out."""
+        cfg = self.cfg
+        if cfg.decay_by != "time" or cfg.warmup_by != "steps" or time_share <= 0 or step >= cfg.warmup_steps:
+            return cfg.decay_by != "time" or cfg.warmup_by != "steps"
+        fit = step / time_share
+        if fit >= cfg.warmup_steps:
+            return False
+        log.warning("at this pace (%d updates in %.1f minutes) the %g minutes of train.max_minutes fit about %d "
+                    "updates, fewer than train.warmup_steps=%d: the learning rate would still be rising when the time "
+                    "runs out (train.warmup_by=time ends the warmup at its share of the time as well)",
+                    step, time_share * cfg.max_minutes, cfg.max_minutes, fit, cfg.warmup_steps)  # fmt: skip
+        return True
 
     def _nonfinite(self, result: StepResult) -> None:
         trainer = self.trainer
