@@ -64,8 +64,9 @@ def _check_sections(data: Any, kind: str = "mapping") -> None:
 
 
 def _unknown_key(where: str, key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean '{where}{close[0]}'?" if close else ""
+    close = [k for k in valid if k.startswith(key + "_")]  # "warmup": warmup_steps and warmup_by, in field order
+    close = close or difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = "; did you mean " + " or ".join(f"'{where}{k}'" for k in close) + "?" if close else ""
     return ConfigError(f"unknown key '{where}{key}'{hint} (valid keys: {', '.join(valid)})")
 
 
