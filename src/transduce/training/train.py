@@ -530,11 +530,11 @@ class _Run:
         """Warn (once: returns True) when a cosine decaying by time will not even finish its warmup, counted in
         updates, inside ``max_minutes`` at the pace so far: its rate would still be rising when the time runs out."""
         cfg = self.cfg
-        if cfg.decay_by != "time" or cfg.warmup_by != "steps" or time_share <= 0 or step >= cfg.warmup_steps:
-            return cfg.decay_by != "time" or cfg.warmup_by != "steps"
+        if cfg.decay_by != "time" or cfg.warmup_by != "steps" or step >= cfg.warmup_steps:
+            return True  # nothing to warn about, or no more
+        if time_share <= 0 or step / time_share >= cfg.warmup_steps:
+            return False  # asked again at the next log line, with a steadier pace
         fit = step / time_share
-        if fit >= cfg.warmup_steps:
-            return False
         log.warning("at this pace (%d updates in %.1f minutes) the %g minutes of train.max_minutes fit about %d "
                     "updates, fewer than train.warmup_steps=%d: the learning rate would still be rising when the time "
                     "runs out (train.warmup_by=time ends the warmup at its share of the time as well)",
