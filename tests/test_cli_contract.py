@@ -435,6 +435,13 @@ ROWS = [
             lambda f: f"error: command-line override 'train.init_from={f.model}': train.init_from: not available for "
             "data.task: mlm (a masked language model is pretrained from scratch; data.vocabulary takes a run's "
             "vocabulary)"),
+    refused("train", "bad-choice", lambda f: train(f, "--preset", "test", "--train", f.tsv, "train.warmup_by=wall"),
+            "error: command-line override 'train.warmup_by=wall': train.warmup_by: 'wall' is not one of 'steps', "
+            "'time'"),
+    refused("train", "inconsistent-schedule",
+            lambda f: train(f, "--preset", "test", "--train", f.tsv, "train.warmup_by=time"),
+            "error: command-line override 'train.warmup_by=time': train.warmup_by: time scales the warmup with the "
+            "updates that fit into max_minutes, so it needs decay_by: time (got decay_by 'steps')"),
     unknown_flag("train", lambda f: train(f, "--preset", "test", "--train", f.tsv)),
     # average: --model RUN_DIR --last N, or checkpoints -o DIR
     refused("average", "missing-file", lambda f: ["--model", f.missing, "--last", "2"],
