@@ -34,12 +34,11 @@ from pathlib import Path
 
 from harness import add_common_args, apply_common_args, machine, table
 from transduce.config import Config
-from transduce.data.corpus import read_corpus, resolve_corpus, split_name
-from transduce.search.evaluate import score, score_tokenized_lowercase
+from transduce.data.corpus import read_corpus
 from transduce.search.translator import Translator
 from transduce.text.textio import write_lines
 from transduce.training import checkpoint as ckpt
-from transduce.training.report import evaluate_run
+from transduce.training.report import eval_sets, evaluate_run, score_both
 
 METRICS = ("bleu", "bleu_lc_tok")
 
@@ -61,26 +60,9 @@ def best(scored: Sequence[tuple[float, object]]) -> object:
     return max(enumerate(scored), key=lambda e: (e[1][0], -e[0]))[1][1]
 
 
-def scores(hypotheses: list[str], references: list[str], lang: str) -> dict[str, float | str]:
-    """Both conventions and chrF, with signatures."""
-    lc = score_tokenized_lowercase(hypotheses, references, lang)
-    return {**score(hypotheses, references).to_dict(), "bleu_lc_tok": lc.bleu_lc_tok,
-            "bleu_lc_tok_signature": lc.signature}  # fmt: skip
-
-
-def eval_sets(cfg: Config, tests: list[str] | None) -> list[tuple[str, list[str], list[str]]]:
-    """(name, sources, references) of the validation set and the test sets (``tests``, else the config's)."""
-    d = cfg.data
-    fields = (d.src_field, d.tgt_field)
-    out = []
-    for i, spec in enumerate([d.valid, *(d.test if tests is None else tests)]):
-        corpus = resolve_corpus(spec, d.src_lang, d.tgt_lang, fields)
-        out.append(("valid" if i == 0 else split_name(spec, corpus), *read_corpus(corpus)))
-    return out
-
-
-def choose_member(run: Path, average: list[int], val_score: Callable[[Path], float]) -> tuple[str, Path]:
-    """The run's newest checkpoint or one of the averages of its newest ones, whichever scores best on validation."""
+def choose_member(run: Path, average: list[int], val_score: Callable[[Path], float]) -> tuple[float, str, Path]:
+    """The run's newest checkpoint or one of the averages of its newest ones, whichever scores best on validation
+    (with its score)."""
     found = ckpt.list_checkpoints(run)
     candidates: list[tuple[str, Path]] = [(f"last ({found[-1].name})", found[-1])]
     for n in average:
@@ -95,7 +77,7 @@ def choose_member(run: Path, average: list[int], val_score: Callable[[Path], flo
     for name, path in candidates:
         t0 = time.perf_counter()
         value = val_score(path)
-        scored.append((value, (name, path)))
+        scored.append((value, (value, name, path)))
         cells.append((name, f"{value:.2f}", f"{time.perf_counter() - t0:.0f}"))
     print(f"\n{run}:\n\n" + table(("model", "val BLEU", "seconds"), cells))
     return best(scored)
@@ -131,18 +113,18 @@ def main() -> None:
     if not cfg.data.valid:
         raise SystemExit(f"{args.runs[0] / 'config.yaml'}: no data.valid set to choose on")
     lang = cfg.data.tgt_lang
-    sets = eval_sets(cfg, args.test)
+    sets = [(name, *read_corpus(corpus)) for name, corpus in eval_sets(cfg, args.test)]
     _, sources, references = sets[0]
 
     def val_score(models: Path | list[Path], **decode) -> float:
         translator = Translator.load(models, decode=cfg.decode.replace(**decode), precision=args.precision)
-        return float(scores(translator.translate(sources), references, lang)[args.metric])
+        return float(score_both(translator.translate(sources), references, lang)[args.metric])
 
     print(f"\nValidation {args.metric} of each run's candidates, its own decoding settings:")
     chosen = [choose_member(run, args.average, val_score) for run in args.runs]
-    paths = [path for _, path in chosen]
+    paths = [path for _, _, path in chosen]
     model = paths[0] if len(paths) == 1 else paths
-    what = chosen[0][0] if len(paths) == 1 else "the ensemble of " + " + ".join(f"{r} {n}" for r, (n, _) in
+    what = chosen[0][1] if len(paths) == 1 else "the ensemble of " + " + ".join(f"{r} {n}" for r, (_, n, _) in
                                                                                zip(args.runs, chosen))  # fmt: skip
 
     beam0, alpha0, norm0 = cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.length_norm
@@ -154,8 +136,10 @@ def main() -> None:
         for norm in norms:
             row = []
             for alpha in args.alphas:
-                value = val_score(model, beam=beam, length_penalty=alpha, length_norm=norm)
-                grid.append((value, (beam, norm, alpha)))
+                key = (beam, norm, alpha)  # one run at its own settings: its member score already
+                mine = len(paths) == 1 and key == own
+                value = chosen[0][0] if mine else val_score(model, beam=beam, length_penalty=alpha, length_norm=norm)
+                grid.append((value, key))
                 row.append(f"{value:.2f}")
             cells.append((beam, norm, *row))
     print(table(("beam", "penalty", *(f"alpha {a}" for a in args.alphas)), cells))
@@ -179,7 +163,7 @@ def main() -> None:
                                          decode=cfg.decode.replace(**decode), precision=args.precision)  # fmt: skip
             for name, srcs, refs in sets:
                 hypotheses = translator.translate(srcs)
-                s = scores(hypotheses, refs, lang)
+                s = score_both(hypotheses, refs, lang)
                 if not label:
                     write_lines(hypotheses, written / f"{name}.hyp.{lang}")
                     result["sets"][name] = s

@@ -120,6 +120,7 @@ def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members
     from trainkit import toy_config, write_corpus
     from transduce.config import Config
     from transduce.search.translator import Translator
+    from transduce.training.report import score_both
     from transduce.training.train import train
 
     select = importlib.import_module("multi30k_select")
@@ -148,4 +149,4 @@ def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members
         references = (corpus / f"{name}.de").read_text(encoding="utf-8").splitlines()
         hypotheses = translator.translate(sources)
         assert (out / f"{name}.hyp.de").read_text(encoding="utf-8").splitlines() == hypotheses
-        assert result["sets"][name] == select.scores(hypotheses, references, "de")
+        assert result["sets"][name] == score_both(hypotheses, references, "de")

@@ -41,15 +41,23 @@ def default_model(run_dir: Path) -> Path:
     return averaged[-1] if averaged else run_dir
 
 
-def _eval_sets(cfg: Config) -> list[tuple[str, Corpus]]:
-    """(name, corpus) of the validation set and every test set of the config (none for a multilingual run, whose
-    sets hold several target languages: ``evaluate --tgt-lang`` scores each)."""
+def score_both(hypotheses: list[str], references: list[str], lang: str) -> dict[str, Any]:
+    """sacreBLEU and chrF on cased, detokenised text and the literature's lowercased, Moses-tokenised BLEU
+    (``bleu_lc_tok``), each with its signature."""
+    lc = score_tokenized_lowercase(hypotheses, references, lang)
+    return {**score(hypotheses, references).to_dict(), "bleu_lc_tok": lc.bleu_lc_tok,
+            "bleu_lc_tok_signature": lc.signature}  # fmt: skip
+
+
+def eval_sets(cfg: Config, tests: list[str] | None = None) -> list[tuple[str, Corpus]]:
+    """(name, corpus) of the validation set and every test set of the config, or of ``tests`` in its place (none
+    for a multilingual run, whose sets hold several target languages: ``evaluate --tgt-lang`` scores each)."""
     d = cfg.data
     if d.tgt_langs:
         return []
     fields = (d.src_field, d.tgt_field)
     sets = [("valid", resolve_corpus(d.valid, d.src_lang, d.tgt_lang, fields))] if d.valid else []
-    for spec in d.test:
+    for spec in d.test if tests is None else tests:
         corpus = resolve_corpus(spec, d.src_lang, d.tgt_lang, fields)
         sets.append((split_name(spec, corpus), corpus))
     return sets
@@ -75,7 +83,7 @@ def evaluate_run(
     if cfg.data.tgt_langs:
         raise TransduceError(f"{run_dir}: a model of several target languages ({', '.join(cfg.data.tgt_langs)}): "
                              "score each with transduce evaluate --tgt-lang LANG --src ... --ref ...")  # fmt: skip
-    sets = _eval_sets(cfg)
+    sets = eval_sets(cfg)
     if not sets:
         raise TransduceError(f"{run_dir / 'config.yaml'}: names no data.valid or data.test set to evaluate")
     model_path = Path(model) if model else default_model(run_dir)
@@ -90,15 +98,9 @@ def evaluate_run(
         log.info("translating %s (%d sentences) with %s", name, len(sources), model_path)
         hypotheses = translator.translate(sources)
         write_lines(hypotheses, out / f"{name}.hyp.{lang}")
-        cased = score(hypotheses, references)
-        lc = score_tokenized_lowercase(hypotheses, references, lang)
-        result["sets"][name] = {
-            **cased.to_dict(),
-            "bleu_lc_tok": lc.bleu_lc_tok,
-            "bleu_lc_tok_signature": lc.signature,
-        }
+        scores = result["sets"][name] = score_both(hypotheses, references, lang)
         log.info("%s: sacreBLEU %.2f (cased, detokenised) | BLEU %.2f (lowercased, Moses-tokenised)", name,
-                 cased.bleu, lc.bleu_lc_tok)  # fmt: skip
+                 scores["bleu"], scores["bleu_lc_tok"])  # fmt: skip
     (out / SCORES_FILE).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return result
 
@@ -158,7 +160,7 @@ def write_report(
     with tempfile.TemporaryDirectory() as tmp:
         if any(ev.get("event") in ("train", "valid") for ev in events):
             parts.append("<h2>Learning curves</h2>" + _img(plot_training_curves(metrics, Path(tmp) / "curves.png")))
-        sets = _eval_sets(cfg)
+        sets = eval_sets(cfg)
         if scores and sets:
             name, corpus = sets[-1]
             sources, refs = (side[:samples] for side in read_corpus(corpus))
