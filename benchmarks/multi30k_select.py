@@ -60,11 +60,14 @@ def best(scored: Sequence[tuple[float, object]]) -> object:
     return max(enumerate(scored), key=lambda e: (e[1][0], -e[0]))[1][1]
 
 
-def choose_member(run: Path, average: list[int], val_score: Callable[[Path], float]) -> tuple[float, str, Path]:
-    """The run's newest checkpoint or one of the averages of its newest ones, whichever scores best on validation
-    (with its score)."""
+def choose_member(
+    run: Path, average: list[int], val_score: Callable[[Path], float], *,
+    own: list[tuple[str, Path]] | None = None, metric: str = "val BLEU",
+) -> tuple[float, str, Path]:  # fmt: skip
+    """The run's newest checkpoint (or the ``own`` candidates, named, simplest first) or one of the averages of its
+    newest checkpoints, whichever scores best on validation (with its score); ``metric`` heads the printed table."""
     found = ckpt.list_checkpoints(run)
-    candidates: list[tuple[str, Path]] = [(f"last ({found[-1].name})", found[-1])]
+    candidates: list[tuple[str, Path]] = list(own) if own else [(f"last ({found[-1].name})", found[-1])]
     for n in average:
         if n > len(found):
             print(f"{run}: skipping the average of {n}: the run has {len(found)} checkpoints")
@@ -79,7 +82,7 @@ def choose_member(run: Path, average: list[int], val_score: Callable[[Path], flo
         value = val_score(path)
         scored.append((value, (value, name, path)))
         cells.append((name, f"{value:.2f}", f"{time.perf_counter() - t0:.0f}"))
-    print(f"\n{run}:\n\n" + table(("model", "val BLEU", "seconds"), cells))
+    print(f"\n{run}:\n\n" + table(("model", metric, "seconds"), cells))
     return best(scored)
 
 

@@ -84,8 +84,8 @@ def test_every_script_uses_the_harness_and_speaks_only_of_the_repository(script)
 
 def test_the_kept_scripts(harness):
     assert SCRIPTS == ["bpe_dropout", "casing", "decode_compare", "gpu_check", "kv_cache", "linear_backends",
-                       "movie_reviews", "multi30k_select", "prepare", "scaling", "serve_load", "train_memory",
-                       "train_speed", "utf8_check"]  # fmt: skip
+                       "movie_reviews", "multi30k_select", "prepare", "ptb_select", "scaling", "serve_load",
+                       "train_memory", "train_speed", "utf8_check"]  # fmt: skip
 
 
 def test_movie_reviews_reads_a_classifier_runs_best_accuracy_and_minutes(harness, tmp_path):
@@ -150,3 +150,45 @@ def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members
         hypotheses = translator.translate(sources)
         assert (out / f"{name}.hyp.de").read_text(encoding="utf-8").splitlines() == hypotheses
         assert result["sets"][name] == score_both(hypotheses, references, "de")
+
+
+@pytest.mark.slow
+def test_ptb_select_chooses_on_the_tuning_split_and_parses_the_development_files_once(harness, tmp_path, monkeypatch):
+    from test_parsing_model import toy_parse_config, write_toy_treebank
+    from transduce.parsing.evalb import evalb
+    from transduce.parsing.parser import PAPER_DECODE, Parser
+    from transduce.parsing.trees import read_treebank
+    from transduce.search.translator import Translator
+    from transduce.training import checkpoint as ckpt
+    from transduce.training.train import train
+
+    select = importlib.import_module("ptb_select")
+    train_mrg, tuning_mrg = write_toy_treebank(tmp_path / "treebank")
+    dev_mrg = tmp_path / "treebank" / "toy_dev.mrg"  # the tuning trees in reverse order: another file to parse once
+    trees = tuning_mrg.read_text(encoding="utf-8").splitlines()
+    dev_mrg.write_text("\n".join(trees[::-1]) + "\n", encoding="utf-8")
+    runs = [tmp_path / f"s{seed}" for seed in (1, 2)]
+    for seed, run in zip((1, 2), runs, strict=True):
+        more = (f"train.seed={seed}", "train.max_steps=60", "train.valid_every=20", "train.keep_last=3")
+        assert train(toy_parse_config(train_mrg, tuning_mrg, run, *more)).exit_code == 0
+    own = [path.resolve() for _, path in select.own_candidates(runs[0])]  # what `parse --model RUN` takes first
+    assert own[0] == ckpt.resolve(runs[0]).resolve() and len(set(own)) == len(own)
+    out = tmp_path / "pair"
+    argv = ["ptb_select.py", *map(str, runs), "--average", "2", "--beams", "1,3", "--alphas", "0.3,1.0",
+            "--dev", str(dev_mrg), "--out", str(out), "--threads", "1"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    select.main()
+    result = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    models = [Path(m) for m in result["models"]]
+    assert [m.is_relative_to(run) for m, run in zip(models, runs, strict=True)] == [True, True]  # one per run
+    assert result["decode"]["beam"] in (1, 3) and result["decode"]["length_penalty"] in (0.3, 1.0)
+    assert list(result["sets"]) == ["tuning", "dev"] and set(result["members"]) == set(result["models"])
+    # the written trees and scores are those of the ensemble parsing with the chosen search, every tree well-formed
+    parser = Parser(Translator.load(models))
+    for name, path in (("tuning", tuning_mrg), ("dev", dev_mrg)):
+        gold = read_treebank(str(path))
+        parses = parser.parse([t.words() for t in gold], PAPER_DECODE.replace(**result["decode"]))
+        written = (out / f"{name}.trees").read_text(encoding="utf-8").splitlines()
+        assert written == [r.tree.to_string() for r in parses]
+        assert result["sets"][name]["f1"] == round(evalb(gold, [r.tree for r in parses]).f1, 2)
+        assert result["sets"][name]["repaired"] == 0 and result["sets"][name]["treebank"] == str(path)
