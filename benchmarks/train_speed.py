@@ -49,11 +49,7 @@ bf16 is then measured but not worth using; the script says so.
 
 ``--models transduce,torch,marian,trainer`` adds a row for ``transduce.training.trainer.Trainer.train_step`` on a copy
 of our model: the update ``transduce train`` makes (Adam as ``transduce.training.optim.build_optimizer`` builds it, the
-fused implementation; the learning-rate schedule; the gradient-norm check of every update; the pre-softmax projection
-computed with the loss by blocks of rows, ``fastpaths.settings.output_loss_rows``); ``trainer-unblocked`` a second
-such row with the projection over all rows, then the loss (``output_loss_rows=0``). ``--model-overrides`` changes
-fields of every preset (``--configs tiny --model-overrides d_model=256,d_ff=1024,norm=pre``: the Multi30k recipe's
-model).
+fused implementation; the learning-rate schedule; the gradient-norm check of every update).
 
 The contenders' dropout is each one's own (the same probabilities): transduce's CPU dropout
 (``transduce.model.fused.dropout``, a mask from 16 random bits per element) against PyTorch's ``F.dropout`` in
@@ -116,7 +112,6 @@ PEERS = ("torch.nn.Transformer", "MarianMTModel", MARIAN_EAGER)
 SDPA_ROW = "transduce (SDPA attention)"
 PARITY_ATOL = 1e-4
 TRAINER = "transduce Trainer.train_step"
-TRAINER_UNBLOCKED = "transduce Trainer.train_step (output_loss_rows=0)"
 
 
 def sdpa_attention(step: Callable[[list[Batch], str], float]) -> Callable[[list[Batch], str], float]:
@@ -127,20 +122,6 @@ def sdpa_attention(step: Callable[[list[Batch], str], float]) -> Callable[[list[
             return step(batches, precision)
 
     return run
-
-
-def overrides(text: str) -> dict[str, object]:
-    """``"d_model=256,norm=pre"`` -> ``{"d_model": 256, "norm": "pre"}`` (integers, floats, else strings)."""
-    fields: dict[str, object] = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        for kind in (int, float):
-            try:
-                fields[key] = kind(value)
-                break
-            except ValueError:
-                fields[key] = value
-    return fields
 
 
 def make_adam(params, kind: str) -> torch.optim.Optimizer:
@@ -172,10 +153,9 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, batches: list[Batc
     return time.perf_counter() - start
 
 
-def trainer_stepper(ours: Transformer, **paths) -> Callable[[list[Batch], str], float]:
+def trainer_stepper(ours: Transformer) -> Callable[[list[Batch], str], float]:
     """Updates through ``transduce.training.trainer.Trainer.train_step`` on a copy of ``ours``: what ``transduce train``
-    runs (its Adam as ``build_optimizer`` makes it, the learning-rate schedule, the gradient-norm check), with the
-    fast-path settings ``paths`` changed (:func:`transduce.fastpaths.override`)."""
+    runs (its Adam as ``build_optimizer`` makes it, the learning-rate schedule, the gradient-norm check)."""
     model = Transformer(ours.config)
     model.load_state_dict(ours.state_dict())
     config = Config(model=ours.config, train=TrainConfig(label_smoothing=0.1))
@@ -183,11 +163,10 @@ def trainer_stepper(ours: Transformer, **paths) -> Callable[[list[Batch], str], 
 
     def run(batches: list[Batch], precision: str) -> float:
         trainer.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
-        with fastpaths.override(**paths):
-            start = time.perf_counter()
-            for batch in batches:
-                trainer.train_step([batch])
-            return time.perf_counter() - start
+        start = time.perf_counter()
+        for batch in batches:
+            trainer.train_step([batch])
+        return time.perf_counter() - start
 
     return run
 
@@ -271,10 +250,6 @@ def main() -> None:
     ap.add_argument("--configs", default="small,base", help="model presets, comma-separated")
     ap.add_argument("--precision", default="fp32", help="fp32, bf16 or fp32,bf16")
     ap.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size")
-    ap.add_argument(
-        "--model-overrides", default="", metavar="F=V,...",
-        help="model fields changed in every preset, e.g. d_model=256,d_ff=1024,norm=pre (numbers or names)",
-    )  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=4096, help="batch budget per side, padding included")
     ap.add_argument("--lengths", default="multi30k", choices=["multi30k", "wmt"])
     ap.add_argument("--steps", type=int, default=2, help="batches (updates) per repetition and model")
@@ -290,9 +265,7 @@ def main() -> None:
     precisions = args.precision.split(",")
     assert set(precisions) <= {"fp32", "bf16"}, f"--precision: fp32 and/or bf16, got {args.precision}"
     wanted = args.models.split(",")
-    assert set(wanted) <= {"transduce", "sdpa", "torch", "marian", "marian-eager", "trainer", "trainer-unblocked"}, (
-        args.models
-    )
+    assert set(wanted) <= {"transduce", "sdpa", "torch", "marian", "marian-eager", "trainer"}, args.models
     assert "transduce" in wanted, args.models
     print(machine())
     peaks: Peaks = measure_peaks()
@@ -310,7 +283,7 @@ def main() -> None:
 
     results = []  # (config, precision, model, seconds per rep, tokens per rep, flops per rep)
     for name in args.configs.split(","):
-        c = model_config(name, args.vocab, **overrides(args.model_overrides))
+        c = model_config(name, args.vocab)
         torch.manual_seed(args.seed)
         ours = Transformer(c).train()
         models: dict[str, nn.Module] = {"transduce": ours}
@@ -354,8 +327,6 @@ def main() -> None:
             steppers[SDPA_ROW] = sdpa_attention(steppers["transduce"])
         if "trainer" in wanted:
             steppers[TRAINER] = trainer_stepper(ours)
-        if "trainer-unblocked" in wanted:  # the pre-softmax projection over all rows, then the loss
-            steppers[TRAINER_UNBLOCKED] = trainer_stepper(ours, output_loss_rows=0)
         for precision in precisions:
             for step in steppers.values():
                 for i in range(args.warmup):

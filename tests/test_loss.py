@@ -194,28 +194,3 @@ def test_fused_kernel_takes_bfloat16_logits_without_a_float32_copy(monkeypatch):
         names.append(type(node).__name__)
         node = node.next_functions[0][0]
     assert node.variable is x and "_FusedSmoothedNLLBackward" in names and "ToCopyBackward0" not in names, names
-
-
-@needs_kernels
-@pytest.mark.parametrize("eps", [0.0, 0.1])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_one_pass_kernel_writes_the_backward_kernels_unit_gradient_over_the_logits(eps, dtype):
-    """``smoothed_nll_unit_grad_`` (the blocked output projection's kernel, training/loss.py) against the forward and
-    backward kernels: the same loss and NLL, and the gradient for an incoming gradient of 1 written in place, over
-    rows that are not contiguous with each other (a slice of a wider buffer), with padded and NaN rows."""
-    compiled = kernels.compiled()
-    torch.manual_seed(6)
-    wide = (4 * torch.randn(29, 1003 + 5)).to(dtype)
-    x = wide[:, :1003]  # dense rows, row stride 1008
-    x[3, 7] = float("nan")
-    target = torch.randint(1, 1003, (29,))
-    target[::5] = PAD
-    loss, nll, lse = compiled.smoothed_nll_forward(x, target, eps, PAD)
-    grad = compiled.smoothed_nll_backward(x, lse, target, torch.ones(29), eps, PAD)
-    before = wide[:, 1003:].clone()
-    got_loss, got_nll = compiled.smoothed_nll_unit_grad_(x, target, eps, PAD)
-    torch.testing.assert_close(got_loss, loss, equal_nan=True, rtol=0, atol=0)
-    torch.testing.assert_close(got_nll, nll, equal_nan=True, rtol=0, atol=0)
-    torch.testing.assert_close(x, grad, equal_nan=True, rtol=0, atol=0)  # bit for bit, in the logits' dtype
-    assert x.dtype == dtype and torch.equal(wide[:, 1003:], before)  # nothing outside the rows touched
-    assert x[3].isnan().all() and x[::5].abs().max() == 0 and torch.isnan(got_loss[3])

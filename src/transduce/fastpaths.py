@@ -73,11 +73,6 @@ the whole process with ``settings.<name> = value`` (checked: an unknown name or 
   (``model/csrc/allocator.cpp``, part of the kernels; :mod:`transduce.training.memory`), which reuses blocks of about
   the right size within a bound. Fallback: the C library's allocator, whose heap fragments under batches of changing
   shapes (a Multi30k training process held 4.4 GB after 300 updates instead of 1.3).
-- ``output_loss_rows``: training on the CPU computes the pre-softmax projection and the label-smoothed loss by
-  blocks of this many rows, each block's gradient with respect to its logits at once
-  (``training/loss.py``: ``output_loss_sums``), so that the (N, V) logits are neither multiplied in one product
-  larger than the caches nor kept for the backward pass; 0: never. Fallback: the projection over all rows
-  (``F.linear``), then the fused loss over its logits.
 
 The choices that depend on the CPU read :func:`cpu_features` (vendor; AVX2, AVX-512, VNNI, AVX512-BF16, AMX):
 ``onednn_layers`` (:func:`onednn_beats_mkl`), ``onednn`` and ``transposed_weights`` (:func:`transposed_beats_packed`),
@@ -283,9 +278,6 @@ class FastPaths:
     # training on the CPU: large tensors from transduce's block cache (model/csrc/allocator.cpp;
     # transduce.training.memory)
     block_cache: bool = True
-    # training on the CPU: the pre-softmax projection and the loss by blocks of this many rows (training/loss.py:
-    # output_loss_sums), the (N, V) logits never kept; 0: one product over all rows, then the loss
-    output_loss_rows: int = 256
 
     def __setattr__(self, name: str, value: Any) -> None:
         _check(name, value)

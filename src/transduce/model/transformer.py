@@ -204,25 +204,19 @@ class Transformer(nn.Module):
             cross_ws.append(cross_w)
         return self.decoder_norm(x), (self_ws, cross_ws)
 
-    def forward(
-        self, src: Tensor, tgt_in: Tensor, *, src_padded: bool | None = None, project_output: bool = True
-    ) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, *, src_padded: bool | None = None) -> Tensor:
         """Teacher forcing.
 
         Args:
             src: (B, S) source ids.
             tgt_in: (B, T) decoder inputs: BOS followed by the target ids, right-padded.
             src_padded: whether ``src`` has padding, when known (see :func:`~transduce.model.padding_mask`).
-            project_output: ``False``: return the decoder's final states, before the pre-softmax projection
-                ``self.output`` (the trainer projects them together with the loss,
-                :func:`transduce.training.loss.output_loss_sums`).
         Returns:
-            logits (B, T, tgt_vocab): position t predicts target token t + 1 of ``tgt_in``; or the states (B, T,
-            d_model).
+            logits (B, T, tgt_vocab): position t predicts target token t + 1 of ``tgt_in``.
         """
         memory = self.encode(src, src_padded=src_padded)
         x, _ = self._decode_layers(tgt_in, None, memory.mask, None, need_weights=False, memory=memory)
-        return project(self.output, x, output=True) if project_output else x
+        return project(self.output, x, output=True)
 
     @torch.no_grad()
     def attention(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionWeights]:

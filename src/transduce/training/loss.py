@@ -12,12 +12,10 @@ gradient as one big batch.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from transduce import fastpaths
 from transduce.model import kernels
-from transduce.model.packed import project
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor, int]:
@@ -134,92 +132,3 @@ class _SmoothedNLL(torch.autograd.Function):
         # would wait for the device
         grad.masked_fill_(~keep[:, None], 0.0)
         return grad, None, None, None
-
-
-def output_loss_sums(
-    output: nn.Module, states: Tensor, target: Tensor, eps: float, pad_id: int, *, dtype: torch.dtype | None = None
-) -> tuple[Tensor, Tensor]:
-    """The pre-softmax projection of the decoder's ``states`` and :func:`smoothed_nll_sums` of its logits:
-    ``smoothed_nll_sums(output(states), target, eps, pad_id)``, the logits in ``dtype`` (``None``: the dtype the
-    projection gives, that is bf16 under a bf16 autocast).
-
-    Where :func:`blocked_output_applies` (training on the CPU with the kernels, ``fastpaths.settings.
-    output_loss_rows`` > 0), the product and the loss run by blocks of rows through :class:`_BlockedOutputLoss`
-    instead: the same values (to the products' rounding), the (N, V) logits never kept.
-
-    Shapes: output a ``nn.Linear`` (d -> V), states (B, T, d), target (B, T) -> two 0-d float32 tensors.
-    """
-    if blocked_output_applies(output, states, target, dtype):
-        rows = fastpaths.settings.output_loss_rows
-        d = states.shape[-1]
-        compute = dtype or (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else states.dtype)
-        return _BlockedOutputLoss.apply(
-            states.reshape(-1, d), output.weight, output.bias, target.reshape(-1), eps, pad_id, compute, rows
-        )
-    logits = project(output, states, output=True)
-    return smoothed_nll_sums(logits if dtype is None else logits.to(dtype), target, eps, pad_id)
-
-
-def blocked_output_applies(output: nn.Module, states: Tensor, target: Tensor, dtype: torch.dtype | None) -> bool:
-    """Whether :func:`output_loss_sums` takes the blocked path: ``output_loss_rows`` > 0, a plain ``nn.Linear``, a
-    float32 or bf16 computation on the CPU with the kernels, int64 targets, and gradients wanted (training)."""
-    if fastpaths.settings.output_loss_rows <= 0 or type(output) is not nn.Linear or target.dtype != torch.int64:
-        return False
-    compute = dtype or (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else states.dtype)
-    wanted = torch.is_grad_enabled() and (states.requires_grad or output.weight.requires_grad)
-    return (
-        wanted and compute in (torch.float32, torch.bfloat16) and states.dtype == output.weight.dtype == torch.float32
-        and states.device.type == "cpu" and output.out_features > 2 and kernels.compiled() is not None
-    )  # fmt: skip
-
-
-class _BlockedOutputLoss(torch.autograd.Function):
-    """The pre-softmax projection and the label-smoothed loss of (N, d) states, ``rows`` rows at a time.
-
-    A product of a few thousand rows with an 8k vocabulary writes logits far larger than the caches, and oneDNN's
-    bf16 product ran it at 153 GFLOP/s on a Xeon with AMX where blocks of 256-512 rows ran at 430-485 (one thread).
-    So the forward pass takes a block of rows at a time: its logits (``mm`` into a slice of one (N, V) buffer), then
-    the loss kernel in one pass over each row (``smoothed_nll_unit_grad_``: the loss and NLL of the row, and its
-    gradient for a unit incoming gradient, ``softmax - q``, written over the row's logits while they are in the
-    cache). With the whole (N, V) gradient written, two products
-    give the states' and the weight's gradients (the weight's is one product over all N rows, where the blocks would
-    be too thin) and the buffer is freed; the backward pass only scales them by the incoming gradient of the summed
-    loss. The products run in ``dtype`` (the states and weight cast once, as autocast would), their gradients are
-    returned in float32.
-    """
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, target, eps, pad_id, dtype, rows):  # type: ignore[override]
-        compiled = kernels.compiled()
-        with torch.autocast("cpu", enabled=False):
-            x, w = h.to(dtype).contiguous(), weight.to(dtype)
-            b = None if bias is None else bias.to(dtype)
-            n, vocab = x.shape[0], w.shape[0]
-            grad = torch.empty(n, vocab, dtype=dtype)  # each block's logits, then their gradient
-            loss, nll = torch.empty(n), torch.empty(n)
-            target = target.contiguous()
-            wt = w.t()
-            for i in range(0, n, rows):
-                j = min(n, i + rows)
-                block = grad[i:j]
-                if b is None:
-                    torch.mm(x[i:j], wt, out=block)
-                else:
-                    torch.addmm(b, x[i:j], wt, out=block)
-                # the loss of each row, and softmax - q written over the block's logits
-                loss[i:j], nll[i:j] = compiled.smoothed_nll_unit_grad_(block, target[i:j], eps, pad_id)
-            need_h, need_w, need_b = ctx.needs_input_grad[:3]
-            grad_h = grad @ w if need_h else None  # (N, d)
-            grad_w = grad.t() @ x if need_w else None  # (V, d)
-            grad_b = grad.sum(dim=0, dtype=torch.float32) if need_b and b is not None else None
-        ctx.grads = (grad_h, grad_w, grad_b)
-        ctx.mark_non_differentiable(nll)
-        return loss.sum(), nll.sum()
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):  # type: ignore[override]
-        g = grad_loss.float()
-        grads = [None if x is None else x.float() * g for x in ctx.grads]
-        ctx.grads = None
-        return *grads, None, None, None, None, None

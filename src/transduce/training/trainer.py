@@ -26,7 +26,7 @@ from transduce.config import Config
 from transduce.data.batch import Batch
 from transduce.device import allow_tf32, check_precision, resolve_device
 from transduce.training.distributed import Dist, all_reduce_tensor
-from transduce.training.loss import output_loss_sums, smoothed_nll_sums
+from transduce.training.loss import smoothed_nll_sums
 from transduce.training.optim import build_optimizer, learning_rate, set_learning_rate
 from transduce.transfer.classify.training import loss_sums as classification_sums
 from transduce.transfer.encoder import lr_scales
@@ -141,12 +141,6 @@ class Trainer:
             elif dtype == torch.float16:
                 log.warning("precision: fp16 on a CPU is for testing: CPUs multiply fp16 slowly; use fp32 or bf16")
         allow_tf32(device)  # TF32 matmuls on Ampere and newer: fp32 master weights, faster products
-        # a translation model (or a parser) on one CPU process: its pre-softmax projection computed together with the
-        # loss (training/loss.py: output_loss_sums, by blocks of rows where fastpaths.settings.output_loss_rows says)
-        self.output_with_loss = (
-            self.task not in ("classify", "mlm") and self.ddp is None and device.type == "cpu" and self.scaler is None
-            and isinstance(getattr(self.model, "output", None), nn.Linear)
-        )  # fmt: skip
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16/fp16 autocast when ``precision`` says so, else nothing."""
@@ -184,16 +178,13 @@ class Trainer:
                         logits = self.net(batch.src, src_padded=padded)  # (B, classes)
                     elif self.task == "mlm":
                         logits = self.net(batch.src, batch.masked, batch.positions, src_padded=padded)  # (N, V)
-                    elif self.output_with_loss:  # the decoder's states; the projection goes with the loss
-                        states = self.net(batch.src, batch.tgt_in, src_padded=padded, project_output=False)
-                        loss, nll = output_loss_sums(self.model.output, states, batch.tgt_out, eps, pad)
                     else:
                         logits = self.net(batch.src, batch.tgt_in, src_padded=padded)  # (B, T, V)
                 if self.task == "classify":
                     loss, nll = classification_sums(logits, batch.labels, eps)
                 elif self.task == "mlm":
                     loss, nll = masked_lm_sums(logits, batch.labels, eps, pad)
-                elif not self.output_with_loss:
+                else:
                     loss, nll = smoothed_nll_sums(logits, batch.tgt_out, eps, pad)
                 (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             sums += torch.stack([loss.detach(), nll]).to(self.sum_dtype)

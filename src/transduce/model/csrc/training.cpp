@@ -383,57 +383,6 @@ torch::Tensor smoothed_nll_backward(const torch::Tensor& x, const torch::Tensor&
   return grad;
 }
 
-// The forward and backward passes of the loss in one pass over each row, for a unit gradient, in place: returns
-// (loss, nll) as smoothed_nll_forward does, and overwrites x's row with softmax(x) - q (smoothed_nll_backward's
-// gradient for grad_loss 1), zero rows where the target is pad, NaN rows where the loss is NaN. x: (N, V) float32 or
-// bfloat16 with dense rows (the training's pre-softmax projection by blocks of rows, transduce.loss).
-std::vector<torch::Tensor> smoothed_nll_unit_grad_(torch::Tensor& x, const torch::Tensor& target, double eps,
-                                                   int64_t pad) {
-  check_loss_inputs(x, target, pad, "smoothed_nll_unit_grad_");
-  const int64_t N = x.size(0), V = x.size(1);
-  auto opts = x.options().dtype(at::kFloat);
-  auto loss = torch::empty({N}, opts), nll = torch::empty({N}, opts);
-  float *ld = loss.data_ptr<float>(), *nd = nll.data_ptr<float>();
-  const int64_t* td = target.data_ptr<int64_t>();
-  const double c = eps / static_cast<double>(V - 2);
-  const float cf = static_cast<float>(c);
-  auto rows = [&](auto* xd) {
-    at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        auto* xr = xd + r * x.stride(0);
-        const int64_t t = td[r];
-        float top = 0.0f, sum = 0.0f;
-        if (t != pad) max_and_sum(xr, V, &top, &sum);
-        if (t == pad || top != top || top == -kNegInf || top == kNegInf) {  // pad; NaN, +inf, or all -inf
-          const float fill = t == pad ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-          ld[r] = nd[r] = fill;
-          for (int64_t v = 0; v < V; ++v) from_float(fill, xr + v);
-          continue;
-        }
-        const double s = static_cast<double>(top) + std::log(static_cast<double>(sum_exp_of(xr, V, top)));
-        const double xt = to_float(xr[t]), xp = to_float(xr[pad]);
-        const double n = s - xt;
-        double l = n;
-        if (eps > 0) {
-          const double others = static_cast<double>(V - 2) * s - (static_cast<double>(sum) - xt - xp);
-          l = (1.0 - eps) * n + c * others;
-        }
-        nd[r] = static_cast<float>(n);
-        ld[r] = static_cast<float>(l);
-        const float sf = static_cast<float>(s);
-        softmax_grad_row(xr, xr, V, sf, 1.0f, cf);  // softmax - eps / (V - 2) everywhere, then:
-        from_float(exp_nonpositive(static_cast<float>(xp) - sf), xr + pad);  // pad gets no smoothing mass
-        from_float(exp_nonpositive(static_cast<float>(xt) - sf) - static_cast<float>(1.0 - eps), xr + t);
-      }
-    });
-  };
-  if (x.scalar_type() == at::kFloat)
-    rows(x.data_ptr<float>());
-  else
-    rows(reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()));
-  return {loss, nll};
-}
-
 // Post-norm residual: out = LayerNorm(x + dropout(y)) * weight + bias over the last dimension, the dropout mask
 // that of dropout_apply on y with the same seed (levels 65536: no dropout). x: (R, D) float32; y: (R, D) float32
 // or bfloat16; both contiguous. Returns (out (R, D) float32, mean (R,), rstd (R,)).
@@ -619,9 +568,6 @@ void register_training(pybind11::module_& m) {
   m.def("smoothed_nll_backward", &smoothed_nll_backward, "its gradient with respect to the logits",
         pybind11::arg("x"), pybind11::arg("lse"), pybind11::arg("target"), pybind11::arg("grad_loss"),
         pybind11::arg("eps"), pybind11::arg("pad"), release());
-  m.def("smoothed_nll_unit_grad_", &smoothed_nll_unit_grad_,
-        "the loss of each row, and its gradient for a unit incoming gradient written over the logits",
-        pybind11::arg("x"), pybind11::arg("target"), pybind11::arg("eps"), pybind11::arg("pad"), release());
   m.def("add_layer_norm_forward", &add_layer_norm_forward, "LayerNorm(x + dropout(y)) * weight + bias",
         pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("seed"), pybind11::arg("levels"),
         pybind11::arg("scale"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"), release());
