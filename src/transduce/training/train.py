@@ -532,9 +532,9 @@ class _Run:
         cfg = self.cfg
         if cfg.decay_by != "time" or cfg.warmup_by != "steps" or step >= cfg.warmup_steps:
             return True  # nothing to warn about, or no more
-        if time_share <= 0 or step / time_share >= cfg.warmup_steps:
+        fit = step / time_share if time_share > 0 else float("inf")  # updates the whole budget holds at this pace
+        if fit >= cfg.warmup_steps:
             return False  # asked again at the next log line, with a steadier pace
-        fit = step / time_share
         log.warning("at this pace (%d updates in %.1f minutes) the %g minutes of train.max_minutes fit about %d "
                     "updates, fewer than train.warmup_steps=%d: the learning rate would still be rising when the time "
                     "runs out (train.warmup_by=time ends the warmup at its share of the time as well)",
