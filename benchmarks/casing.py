@@ -6,6 +6,8 @@ sacreBLEU and the lowercased tokenised BLEU of the normal sources.
         --src ../shared/data/multi30k/test_2016_flickr.en.gz --ref ../shared/data/multi30k/test_2016_flickr.de.gz \\
         --lang de --input-case keep,normalize
 
+``--model`` given several times translates with the ensemble of the models (as ``transduce evaluate`` does).
+
 Each ``--input-case`` value is one row group: ``keep`` gives the model the lines as they are, ``normalize`` lowercases
 ALL-CAPS and Title-Case lines first, ``truecase`` lowercases them and recases each word to its usual form in the
 training sources (transduce.text.casing). Decoding is the model's own configuration unless --beam is given.
@@ -29,7 +31,12 @@ VARIANTS = {"normal": lambda s: s, "ALL CAPS": str.upper, "Title Case": casing.t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="run directory, checkpoint or Hugging Face Marian directory")
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="run directory, checkpoint or Hugging Face Marian directory (several times: their ensemble)",
+    )
     parser.add_argument("--src", required=True, help="source sentences (raw, cased)")
     parser.add_argument("--ref", required=True, help="reference translations (raw, cased)")
     parser.add_argument("--lang", required=True, help="target language, for the lowercased tokenised BLEU")
@@ -45,9 +52,9 @@ def main() -> None:
     references = [text for _, text in read_lines(args.ref)]
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    translator = Translator.load(args.model)
+    translator = Translator.load(args.model if len(args.model) > 1 else args.model[0])
     insensitive = BLEU(lowercase=True)
-    print(f"model {args.model}; {len(sources)} sentences")
+    print(f"model {' + '.join(args.model)}; {len(sources)} sentences")
     header = ("input_case", "source", "BLEU (case-insensitive)", "vs normal", "cased sacreBLEU", "lc-tok BLEU", "s")
     rows = []
     for mode in args.input_case.split(","):

@@ -153,6 +153,37 @@ def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members
 
 
 @pytest.mark.slow
+def test_casing_translates_with_the_ensemble_of_its_models(harness, tmp_path, monkeypatch, capsys):
+    from sacrebleu.metrics import BLEU
+
+    from trainkit import toy_config, write_corpus
+    from transduce.search.evaluate import score
+    from transduce.search.translator import Translator
+    from transduce.training.train import train
+
+    casing_script = importlib.import_module("casing")
+    corpus = write_corpus(tmp_path / "corpus", n_train=200, n_valid=12)
+    runs = [tmp_path / f"s{seed}" for seed in (1, 2)]
+    for seed, run in zip((1, 2), runs, strict=True):
+        assert train(toy_config(corpus, run, seed=seed, max_steps=30, valid_every=10, log_every=10)).exit_code == 0
+    argv = ["casing.py", "--model", str(runs[0]), "--model", str(runs[1]), "--src", str(corpus / "valid.en"),
+            "--ref", str(corpus / "valid.de"), "--lang", "de", "--input-case", "keep", "--threads", "1"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    casing_script.main()
+    out = capsys.readouterr().out
+    assert f"model {runs[0]} + {runs[1]}; 12 sentences" in out
+    rows = {cells[1]: cells for cells in (line.split(" | ") for line in out.splitlines()) if cells[0] == "| keep"}
+    sources = (corpus / "valid.en").read_text(encoding="utf-8").splitlines()
+    references = (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    ensemble = Translator.load(runs)
+    normal = ensemble.translate(sources)
+    upper = ensemble.translate([s.upper() for s in sources])
+    assert normal != Translator.load(runs[0]).translate(sources)  # the ensemble, not its first model
+    assert rows["normal"][4] == f"{score(normal, references).bleu:.2f}"
+    assert rows["ALL CAPS"][2] == f"{BLEU(lowercase=True).corpus_score(upper, [references]).score:.2f}"
+
+
+@pytest.mark.slow
 def test_ptb_select_chooses_on_the_tuning_split_and_parses_the_development_files_once(harness, tmp_path, monkeypatch):
     from test_parsing_model import toy_parse_config, write_toy_treebank
     from transduce.parsing.evalb import evalb
