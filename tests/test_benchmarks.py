@@ -26,6 +26,24 @@ def harness():
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.fixture(scope="module")
+def toy_pair(tmp_path_factory):
+    """A toy corpus (with a test split: the validation sentences reversed word by word) and two toy runs trained on
+    it with seeds 1 and 2: a pair to ensemble, shared by the tests of the scripts that take one."""
+    from trainkit import toy_config, write_corpus
+    from transduce.training.train import train
+
+    root = tmp_path_factory.mktemp("toy_pair")
+    corpus = write_corpus(root / "corpus", n_train=200, n_valid=12)
+    for lang in ("en", "de"):
+        lines = (corpus / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
+        (corpus / f"test.{lang}").write_text("".join(" ".join(x.split()[::-1]) + "\n" for x in lines), encoding="utf-8")
+    runs = [root / f"s{seed}" for seed in (1, 2)]
+    for seed, run in zip((1, 2), runs, strict=True):
+        assert train(toy_config(corpus, run, seed=seed, max_steps=30, valid_every=10, log_every=10)).exit_code == 0
+    return corpus, runs
+
+
 def test_table_is_markdown(harness):
     text = harness.table(("a", "b c"), [(1, "x"), ("2.50", None)])
     assert text == "| a | b c |\n|---|---|\n| 1 | x |\n| 2.50 | None |"
@@ -116,21 +134,15 @@ def test_multi30k_select_breaks_ties_towards_the_first_candidate(harness):
 
 
 @pytest.mark.slow
-def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members(harness, tmp_path, monkeypatch):
-    from trainkit import toy_config, write_corpus
+def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members(
+    harness, toy_pair, tmp_path, monkeypatch
+):
     from transduce.config import Config
     from transduce.search.translator import Translator
     from transduce.training.report import score_both
-    from transduce.training.train import train
 
     select = importlib.import_module("multi30k_select")
-    corpus = write_corpus(tmp_path / "corpus", n_train=200, n_valid=12)
-    for lang in ("en", "de"):  # a test set: the validation sentences reversed word by word
-        lines = (corpus / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
-        (corpus / f"test.{lang}").write_text("".join(" ".join(x.split()[::-1]) + "\n" for x in lines), encoding="utf-8")
-    runs = [tmp_path / f"s{seed}" for seed in (1, 2)]
-    for seed, run in zip((1, 2), runs, strict=True):
-        assert train(toy_config(corpus, run, seed=seed, max_steps=30, valid_every=10, log_every=10)).exit_code == 0
+    corpus, runs = toy_pair
     out = tmp_path / "ens"
     argv = ["multi30k_select.py", *map(str, runs), "--average", "2", "--beams", "1,2", "--alphas", "1.0",
             "--metric", "bleu", "--test", str(corpus / "test"), "--out", str(out), "--threads", "1"]  # fmt: skip
@@ -153,19 +165,14 @@ def test_multi30k_select_scores_an_ensemble_chosen_on_validation_and_its_members
 
 
 @pytest.mark.slow
-def test_casing_translates_with_the_ensemble_of_its_models(harness, tmp_path, monkeypatch, capsys):
+def test_casing_translates_with_the_ensemble_of_its_models(harness, toy_pair, monkeypatch, capsys):
     from sacrebleu.metrics import BLEU
 
-    from trainkit import toy_config, write_corpus
     from transduce.search.evaluate import score
     from transduce.search.translator import Translator
-    from transduce.training.train import train
 
     casing_script = importlib.import_module("casing")
-    corpus = write_corpus(tmp_path / "corpus", n_train=200, n_valid=12)
-    runs = [tmp_path / f"s{seed}" for seed in (1, 2)]
-    for seed, run in zip((1, 2), runs, strict=True):
-        assert train(toy_config(corpus, run, seed=seed, max_steps=30, valid_every=10, log_every=10)).exit_code == 0
+    corpus, runs = toy_pair
     argv = ["casing.py", "--model", str(runs[0]), "--model", str(runs[1]), "--src", str(corpus / "valid.en"),
             "--ref", str(corpus / "valid.de"), "--lang", "de", "--input-case", "keep", "--threads", "1"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
